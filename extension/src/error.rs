@@ -1,0 +1,24 @@
+//! Errors raised to the caller, each with the SQLSTATE a client branches on.
+
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+pub(crate) use pgrx::PgSqlErrorCode::*;
+
+/// Raises an ERROR with `code` and `message`; the current transaction (or subtransaction) aborts,
+/// so nothing the call did is kept.
+pub(crate) fn raise(code: PgSqlErrorCode, message: impl Into<String>) -> ! {
+    ErrorReport::new(code, message.into(), "inbox").report(PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
+/// Unwraps a required argument, raising `22004 null_value_not_allowed` naming it when NULL.
+pub(crate) fn required<T>(value: Option<T>, argument: &str) -> T {
+    match value {
+        Some(value) => value,
+        None => raise(
+            ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            format!("{argument} must not be NULL"),
+        ),
+    }
+}

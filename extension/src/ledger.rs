@@ -1,0 +1,93 @@
+//! The dedup ledger: `inbox_claim` records a key once, whatever the number of deliveries.
+
+use pgrx::prelude::*;
+
+use crate::datum::{RegClass, Text};
+use crate::error::*;
+use crate::plans::{self, Op};
+use crate::shape::create_table;
+use crate::statements::{self, PURGE_BATCH};
+
+/// Creates the ledger table `name` unless a valid one exists; returns it.
+#[pg_extern(volatile, parallel_unsafe)]
+fn inbox_create_ledger(name: Option<&str>) -> RegClass {
+    create_table(required(name, "name"), statements::create_ledger, |client, oid| {
+        plans::ledger(client, oid);
+    })
+}
+
+/// Records `key` in `ledger`: true the first time, false for any later or concurrent duplicate.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_claim(
+    ledger: Option<RegClass>,
+    key: Option<Text>,
+    seen_at: default!(Option<TimestampWithTimeZone>, "now()"),
+) -> bool {
+    claim(ledger, key, seen_at)
+}
+
+/// Like `inbox_claim`, but a key already claimed raises `23505 unique_violation`, failing the
+/// caller's transaction: the form for the first statement of an all-or-nothing batch.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_claim_or_fail(
+    ledger: Option<RegClass>,
+    key: Option<Text>,
+    seen_at: default!(Option<TimestampWithTimeZone>, "now()"),
+) {
+    if !claim(ledger, key, seen_at) {
+        raise(ERRCODE_UNIQUE_VIOLATION, "the key is already claimed in this ledger");
+    }
+}
+
+fn claim(ledger: Option<RegClass>, key: Option<Text>, seen_at: Option<TimestampWithTimeZone>) -> bool {
+    let ledger = required(ledger, "ledger").0;
+    let key = required(key, "key");
+    let seen_at = required(seen_at, "seen_at");
+    Spi::connect_mut(|client| {
+        let plan = plans::ledger_plan(client, ledger, Op::Claim, statements::claim);
+        let inserted = client
+            .update(&*plan, None, &[key.into(), seen_at.into()])
+            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+        inserted.len() == 1
+    })
+}
+
+/// Whether `key` is recorded in `ledger`, as the caller's snapshot sees it.
+#[pg_extern(stable, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_seen(ledger: Option<RegClass>, key: Option<Text>) -> bool {
+    let ledger = required(ledger, "ledger").0;
+    let key = required(key, "key");
+    Spi::connect(|client| {
+        let plan = plans::ledger_plan(client, ledger, Op::Seen, statements::seen);
+        client
+            .select(&*plan, None, &[key.into()])
+            .and_then(|rows| rows.first().get_one::<bool>())
+            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()))
+            .unwrap_or(false)
+    })
+}
+
+/// Deletes the keys seen before `older_than`, in bounded batches; returns how many.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_purge(ledger: Option<RegClass>, older_than: Option<TimestampWithTimeZone>) -> i64 {
+    let ledger = required(ledger, "ledger").0;
+    let older_than = required(older_than, "older_than");
+    Spi::connect_mut(|client| {
+        let plan = plans::ledger_plan(client, ledger, Op::Purge, statements::purge);
+        let mut purged = 0;
+        loop {
+            let batch = client
+                .update(&*plan, None, &[older_than.into()])
+                .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()))
+                .len() as i64;
+            purged += batch;
+            if batch < PURGE_BATCH {
+                return purged;
+            }
+        }
+    })
+}

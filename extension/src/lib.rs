@@ -1,0 +1,48 @@
+//! `inbox`: a dedup ledger and SKIP LOCKED job queues inside PostgreSQL.
+//!
+//! Every SQL function of the extension is declared in [`ledger`] or [`queue`]; the SQL they run
+//! is in [`statements`], prepared once per table and backend by [`plans`]. The public contract
+//! (arguments, results, SQLSTATEs) is documented in `docs/sql-api.md`.
+
+use pgrx::prelude::*;
+
+mod datum;
+mod error;
+pub mod ledger;
+mod names;
+mod plans;
+pub mod queue;
+mod shape;
+mod statements;
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+::pgrx::pg_module_magic!(name, version);
+
+/// Whether enqueues send `NOTIFY` (the `inbox.notify` setting).
+pub(crate) static NOTIFY: pgrx::GucSetting<bool> = pgrx::GucSetting::<bool>::new(true);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    pgrx::GucRegistry::define_bool_guc(
+        c"inbox.notify",
+        c"Whether inbox_enqueue sends NOTIFY on the queue's channel.",
+        c"PostgreSQL serialises the commits of transactions that notified; turn this off where \
+          workers poll and enqueues come from many connections at once.",
+        &NOTIFY,
+        pgrx::GucContext::Userset,
+        pgrx::GucFlags::default(),
+    );
+    plans::register_invalidation_callback();
+}
+
+/// Hooks of `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

@@ -1,0 +1,421 @@
+//! Job queues: enqueue, take with SKIP LOCKED (leased or row-locked), and fenced settlement.
+
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+
+use crate::datum::{
+    array_facts, spi_result_datum, BigintArray, Bytea, ByteaArray, Jsonb, JsonbArray, RegClass,
+    Text, TextArray,
+};
+use crate::error::*;
+use crate::plans::{self, Op};
+use crate::shape::{create_table, Payload};
+use crate::statements;
+
+/// Creates the queue table `name` unless a valid one exists; returns it.
+#[pg_extern(volatile, parallel_unsafe)]
+fn inbox_create_queue(name: Option<&str>) -> RegClass {
+    create_table(required(name, "name"), statements::create_queue, |client, oid| {
+        plans::queue(client, oid);
+    })
+}
+
+/// The NOTIFY channel on which enqueues into `queue` announce new jobs.
+#[pg_extern(immutable, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_channel(queue: Option<RegClass>) -> String {
+    channel(required(queue, "queue").0)
+}
+
+fn channel(queue: pg_sys::Oid) -> String {
+    format!("inbox_{}", queue.to_u32())
+}
+
+/// Wakes the queue's idle workers once the caller commits, unless `inbox.notify` is off.
+fn notify(queue: pg_sys::Oid) {
+    if crate::NOTIFY.get() {
+        // SAFETY: pg_notify takes two text arguments, both given and non-NULL.
+        unsafe {
+            pgrx::direct_function_call::<()>(
+                pg_sys::pg_notify,
+                &[channel(queue).into_datum(), "".into_datum()],
+            );
+        }
+    }
+}
+
+/// The current time, read from the clock (not the transaction's start): due checks, leases and
+/// retry delays are measured from the moment of the call.
+fn clock_now() -> DatumWithOid<'static> {
+    // SAFETY: a timestamptz is an int64 passed by value.
+    unsafe { DatumWithOid::new(pg_sys::GetCurrentTimestamp(), pg_sys::TIMESTAMPTZOID) }
+}
+
+/// Raises `22023` unless `interval` is positive (or, with `allow_zero`, zero).
+fn check_interval(interval: Interval, argument: &str, allow_zero: bool) -> Interval {
+    const DAY: i128 = 86_400_000_000;
+    let micros = interval.months() as i128 * 30 * DAY
+        + interval.days() as i128 * DAY
+        + interval.micros() as i128;
+    if micros < 0 || (micros == 0 && !allow_zero) {
+        let bound = if allow_zero { "negative" } else { "zero or negative" };
+        raise(ERRCODE_INVALID_PARAMETER_VALUE, format!("{argument} must not be {bound}"));
+    }
+    interval
+}
+
+fn internal(error: pgrx::spi::SpiError) -> ! {
+    raise(ERRCODE_INTERNAL_ERROR, error.to_string())
+}
+
+/// Raises `42804` when a payload of type `given` is sent to a queue storing another type.
+fn check_payload(client: &SpiClient<'_>, queue: pg_sys::Oid, given: Payload) {
+    let shape = plans::queue(client, queue);
+    if shape.payload != given {
+        raise(
+            ERRCODE_DATATYPE_MISMATCH,
+            format!(
+                "queue {} stores {} payloads, not {}",
+                shape.table,
+                shape.payload.type_name(),
+                given.type_name()
+            ),
+        );
+    }
+}
+
+fn enqueue(
+    queue: Option<RegClass>,
+    payload: DatumWithOid<'_>,
+    kind: Payload,
+    run_at: Option<TimestampWithTimeZone>,
+    key: Option<Text>,
+) -> Option<i64> {
+    let queue = required(queue, "queue").0;
+    let id = Spi::connect_mut(|client| {
+        check_payload(client, queue, kind);
+        if key.is_some() && !plans::queue(client, queue).has_key {
+            raise(
+                ERRCODE_UNDEFINED_COLUMN,
+                format!("queue {} has no column \"key\" to dedup by", plans::queue(client, queue).table),
+            );
+        }
+        let plan = plans::queue_plan(client, queue, Op::Enqueue, statements::enqueue);
+        let due = run_at.map_or_else(clock_now, DatumWithOid::from);
+        let key = key.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTOID), DatumWithOid::from);
+        client
+            .update(&*plan, None, &[payload, due, key])
+            .and_then(|rows| rows.first().get_one::<i64>())
+            .unwrap_or_else(|e| internal(e))
+    });
+    notify(queue);
+    id
+}
+
+/// Enqueues one `jsonb` job, due at `run_at`; returns its id, or NULL when `key` is already queued.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_enqueue(
+    queue: Option<RegClass>,
+    payload: Option<Jsonb>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    key: default!(Option<Text>, "NULL"),
+) -> Option<i64> {
+    let payload = required(payload, "payload").into();
+    enqueue(queue, payload, Payload::Jsonb, run_at, key)
+}
+
+/// Enqueues one `bytea` job; as the `jsonb` form.
+#[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue")]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_enqueue_bytea(
+    queue: Option<RegClass>,
+    payload: Option<Bytea>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    key: default!(Option<Text>, "NULL"),
+) -> Option<i64> {
+    let payload = required(payload, "payload").into();
+    enqueue(queue, payload, Payload::Bytea, run_at, key)
+}
+
+fn enqueue_batch(
+    queue: Option<RegClass>,
+    payloads: pg_sys::Datum,
+    kind: Payload,
+    run_at: Option<TimestampWithTimeZone>,
+    keys: Option<TextArray>,
+) -> SetOfIterator<'static, i64> {
+    let queue = required(queue, "queue").0;
+    let count = array_facts(payloads, "payloads");
+    if count.has_nulls {
+        raise(ERRCODE_NULL_VALUE_NOT_ALLOWED, "payloads must not contain NULL");
+    }
+    if let Some(keys) = keys {
+        let keys = array_facts(keys.0, "keys");
+        if keys.len != count.len {
+            raise(
+                ERRCODE_ARRAY_ELEMENT_ERROR,
+                format!("{} keys given for {} payloads", keys.len, count.len),
+            );
+        }
+    }
+    let ids = Spi::connect_mut(|client| {
+        check_payload(client, queue, kind);
+        if keys.is_some() && !plans::queue(client, queue).has_key {
+            raise(
+                ERRCODE_UNDEFINED_COLUMN,
+                format!("queue {} has no column \"key\" to dedup by", plans::queue(client, queue).table),
+            );
+        }
+        let plan = plans::queue_plan(client, queue, Op::EnqueueBatch, statements::enqueue_batch);
+        // SAFETY: `payloads` is a non-NULL array of the queue's payload type.
+        let payloads = unsafe { DatumWithOid::new(payloads, kind.array_type_oid()) };
+        let due = run_at.map_or_else(clock_now, DatumWithOid::from);
+        let keys = keys.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTARRAYOID), DatumWithOid::from);
+        client
+            .update(&*plan, None, &[payloads, due, keys])
+            .unwrap_or_else(|e| internal(e))
+            .map(|row| row.get::<i64>(1).ok().flatten().unwrap_or_default())
+            .collect::<Vec<i64>>()
+    });
+    if !ids.is_empty() {
+        notify(queue);
+    }
+    SetOfIterator::new(ids)
+}
+
+/// Enqueues many `jsonb` jobs in one statement; returns the ids inserted, in array order.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_enqueue_batch(
+    queue: Option<RegClass>,
+    payloads: Option<JsonbArray>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    keys: default!(Option<TextArray>, "NULL"),
+) -> SetOfIterator<'static, i64> {
+    enqueue_batch(queue, required(payloads, "payloads").0, Payload::Jsonb, run_at, keys)
+}
+
+/// Enqueues many `bytea` jobs in one statement; as the `jsonb` form.
+#[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue_batch")]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_enqueue_batch_bytea(
+    queue: Option<RegClass>,
+    payloads: Option<ByteaArray>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    keys: default!(Option<TextArray>, "NULL"),
+) -> SetOfIterator<'static, i64> {
+    enqueue_batch(queue, required(payloads, "payloads").0, Payload::Bytea, run_at, keys)
+}
+
+/// One job handed to a worker: `payload` for a `jsonb` queue, `payload_bytes` for a `bytea` one.
+/// (`#[pg_extern]` reads the column names from the signature, so they are spelled out there.)
+type Delivery = (i64, i32, i64, Option<Jsonb>, Option<Bytea>);
+
+/// Runs the lease or lock statement and reads the jobs it took.
+fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> Vec<Delivery> {
+    let queue = required(queue, "queue").0;
+    let max = required(max, "max");
+    if max < 1 {
+        raise(ERRCODE_INVALID_PARAMETER_VALUE, "max must be at least 1");
+    }
+    Spi::connect_mut(|client| {
+        let shape = plans::queue(client, queue);
+        let (op, build): (Op, fn(&_) -> _) = if lease.is_some() {
+            (Op::Lease, |queue| statements::take(queue, true))
+        } else {
+            (Op::Lock, |queue| statements::take(queue, false))
+        };
+        let plan = plans::queue_plan(client, queue, op, build);
+        let mut args = vec![max.into(), clock_now()];
+        args.extend(lease.map(DatumWithOid::from));
+        let taken = client.update(&*plan, None, &args).unwrap_or_else(|e| internal(e)).len();
+        (0..taken)
+            .map(|row| {
+                // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload),
+                // and SPI is still connected.
+                let (id, attempt, payload) = unsafe {
+                    (
+                        spi_result_datum(row, 1).map_or(0, |d| d.value() as i64),
+                        spi_result_datum(row, 2).map_or(0, |d| d.value() as i32),
+                        spi_result_datum(row, 3),
+                    )
+                };
+                let (json, bytes) = match shape.payload {
+                    Payload::Jsonb => (payload.map(Jsonb), None),
+                    Payload::Bytea => (None, payload.map(Bytea)),
+                };
+                (id, attempt, attempt as i64, json, bytes)
+            })
+            .collect()
+    })
+}
+
+/// Leases up to `max` due jobs for `lease`, in order, with `FOR UPDATE SKIP LOCKED`.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_lease(
+    queue: Option<RegClass>,
+    max: default!(Option<i32>, 1),
+    lease: default!(Option<Interval>, "'30 seconds'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(id, i64),
+        name!(attempt, i32),
+        name!(token, i64),
+        name!(payload, Option<Jsonb>),
+        name!(payload_bytes, Option<Bytea>),
+    ),
+> {
+    let lease = check_interval(required(lease, "lease"), "lease", false);
+    TableIterator::new(take(queue, max, Some(lease)))
+}
+
+/// Row-locks up to `max` due jobs in the caller's transaction, as `inbox_lease` picks them.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_lock(
+    queue: Option<RegClass>,
+    max: default!(Option<i32>, 1),
+) -> TableIterator<
+    'static,
+    (
+        name!(id, i64),
+        name!(attempt, i32),
+        name!(token, i64),
+        name!(payload, Option<Jsonb>),
+        name!(payload_bytes, Option<Bytea>),
+    ),
+> {
+    TableIterator::new(take(queue, max, None))
+}
+
+/// Runs one fenced settlement of job `id` under `token`; true when it applied.
+fn settle(
+    queue: Option<RegClass>,
+    id: Option<i64>,
+    token: Option<i64>,
+    op: Op,
+    build: fn(&crate::shape::QueueShape) -> statements::Sql,
+    more: &[DatumWithOid<'_>],
+) -> bool {
+    let queue = required(queue, "queue").0;
+    let id = required(id, "id");
+    let token = required(token, "token");
+    Spi::connect_mut(|client| {
+        let plan = plans::queue_plan(client, queue, op, build);
+        let mut args: Vec<DatumWithOid<'_>> = vec![id.into(), token.into()];
+        // SAFETY: the extra arguments are borrowed for the duration of this call only.
+        args.extend(more.iter().map(|arg| unsafe { DatumWithOid::new_from_datum(arg.datum(), arg.oid()) }));
+        client.update(&*plan, None, &args).unwrap_or_else(|e| internal(e)).len() == 1
+    })
+}
+
+/// Finishes (deletes) job `id` if `token` is still its delivery's.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_ack(queue: Option<RegClass>, id: Option<i64>, token: Option<i64>) -> bool {
+    settle(queue, id, token, Op::Ack, statements::ack, &[])
+}
+
+/// Finishes many jobs in one statement; returns how many were still theirs tokens'.
+#[pg_extern(volatile, parallel_unsafe, name = "inbox_ack")]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_ack_many(
+    queue: Option<RegClass>,
+    ids: Option<BigintArray>,
+    tokens: Option<BigintArray>,
+) -> i64 {
+    let queue = required(queue, "queue").0;
+    let ids = required(ids, "ids");
+    let tokens = required(tokens, "tokens");
+    let (id_facts, token_facts) = (array_facts(ids.0, "ids"), array_facts(tokens.0, "tokens"));
+    if id_facts.len != token_facts.len {
+        raise(
+            ERRCODE_ARRAY_ELEMENT_ERROR,
+            format!("{} ids given with {} tokens", id_facts.len, token_facts.len),
+        );
+    }
+    Spi::connect_mut(|client| {
+        let plan = plans::queue_plan(client, queue, Op::AckMany, statements::ack_many);
+        client
+            .update(&*plan, None, &[ids.into(), tokens.into()])
+            .unwrap_or_else(|e| internal(e))
+            .len() as i64
+    })
+}
+
+/// Releases job `id` to run again after `delay`, or dead-letters it once it has had
+/// `max_attempts` deliveries.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_retry(
+    queue: Option<RegClass>,
+    id: Option<i64>,
+    token: Option<i64>,
+    delay: default!(Option<Interval>, "'0 seconds'"),
+    error: default!(Option<&str>, "NULL"),
+    max_attempts: default!(Option<i32>, "NULL"),
+) -> bool {
+    let delay = check_interval(required(delay, "delay"), "delay", true);
+    if max_attempts.is_some_and(|max| max < 1) {
+        raise(ERRCODE_INVALID_PARAMETER_VALUE, "max_attempts must be at least 1");
+    }
+    let error = error.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTOID), DatumWithOid::from);
+    let max = max_attempts.map_or_else(|| DatumWithOid::null_oid(pg_sys::INT4OID), DatumWithOid::from);
+    settle(queue, id, token, Op::Retry, statements::retry, &[clock_now(), delay.into(), max, error])
+}
+
+/// Dead-letters job `id`, keeping it in the table with `reason`, for an operator.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_dead(
+    queue: Option<RegClass>,
+    id: Option<i64>,
+    token: Option<i64>,
+    reason: default!(Option<&str>, "NULL"),
+) -> bool {
+    let reason = reason.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTOID), DatumWithOid::from);
+    settle(queue, id, token, Op::Dead, statements::dead, &[reason])
+}
+
+/// Keeps job `id` leased for `lease` from now: the heartbeat of a long handler.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_extend(
+    queue: Option<RegClass>,
+    id: Option<i64>,
+    token: Option<i64>,
+    lease: default!(Option<Interval>, "'30 seconds'"),
+) -> bool {
+    let lease = check_interval(required(lease, "lease"), "lease", false);
+    settle(queue, id, token, Op::Extend, statements::extend, &[clock_now(), lease.into()])
+}
+
+/// How many jobs are ready, delayed, leased and dead, and how long the oldest ready one has waited.
+#[pg_extern(stable, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn inbox_stats(
+    queue: Option<RegClass>,
+) -> TableIterator<
+    'static,
+    (
+        name!(ready, i64),
+        name!(delayed, i64),
+        name!(leased, i64),
+        name!(dead, i64),
+        name!(oldest_ready_age, Option<Interval>),
+    ),
+> {
+    let queue = required(queue, "queue").0;
+    let row = Spi::connect(|client| {
+        let plan = plans::queue_plan(client, queue, Op::Stats, statements::stats);
+        let row = client.select(&*plan, None, &[clock_now()]).unwrap_or_else(|e| internal(e)).first();
+        let count = |column| row.get::<i64>(column).ok().flatten().unwrap_or(0);
+        (count(1), count(2), count(3), count(4), row.get::<Interval>(5).ok().flatten())
+    });
+    TableIterator::once(row)
+}

@@ -1,0 +1,217 @@
+//! The columns the functions need, read from the catalog once per table and checked.
+//!
+//! A queue or ledger may be a table the extension created or one the user declared; either way
+//! its shape decides the SQL prepared for it (which optional columns to write, which payload
+//! type to pass through), and a missing or mistyped column is reported by name.
+
+use std::collections::HashMap;
+
+use pgrx::pg_sys::{self, Oid};
+use pgrx::spi::SpiClient;
+use pgrx::Spi;
+
+use crate::datum::RegClass;
+use crate::error::*;
+use crate::names::{parse_qualified_name, quote_literal};
+
+/// How a queue stores its payloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Payload {
+    Jsonb,
+    Bytea,
+}
+
+impl Payload {
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Payload::Jsonb => "jsonb",
+            Payload::Bytea => "bytea",
+        }
+    }
+
+    pub fn type_oid(self) -> Oid {
+        match self {
+            Payload::Jsonb => pg_sys::JSONBOID,
+            Payload::Bytea => pg_sys::BYTEAOID,
+        }
+    }
+
+    pub fn array_type_oid(self) -> Oid {
+        match self {
+            Payload::Jsonb => pg_sys::JSONBARRAYOID,
+            Payload::Bytea => pg_sys::BYTEAARRAYOID,
+        }
+    }
+}
+
+/// A job queue table.
+#[derive(Debug)]
+pub(crate) struct QueueShape {
+    /// The table as SQL: schema and name, each quoted.
+    pub table: String,
+    pub payload: Payload,
+    /// A user's table may leave `locked_until` NULL for a job that is due.
+    pub nullable_locked_until: bool,
+    pub has_key: bool,
+    pub has_last_error: bool,
+    pub has_leased_at: bool,
+}
+
+/// A dedup ledger table.
+#[derive(Debug)]
+pub(crate) struct LedgerShape {
+    /// The table as SQL: schema and name, each quoted.
+    pub table: String,
+}
+
+const INTEGERS: &[Oid] = &[pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID];
+const TEXTS: &[Oid] = &[pg_sys::TEXTOID, pg_sys::VARCHAROID];
+const TIMESTAMPTZ: &[Oid] = &[pg_sys::TIMESTAMPTZOID];
+
+struct Column {
+    type_oid: Oid,
+    not_null: bool,
+}
+
+/// A table's name and live columns.
+struct Table {
+    table: String,
+    columns: HashMap<String, Column>,
+}
+
+impl Table {
+    fn load(client: &SpiClient<'_>, oid: Oid) -> Table {
+        let rows = client
+            .select(
+                "SELECT c.relkind::pg_catalog.text, pg_catalog.format('%I.%I', n.nspname, c.relname), \
+                        a.attname::pg_catalog.text, a.atttypid, a.attnotnull \
+                   FROM pg_catalog.pg_class c \
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                   LEFT JOIN pg_catalog.pg_attribute a \
+                          ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                  WHERE c.oid = $1",
+                None,
+                &[oid.into()],
+            )
+            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+        let mut table = None;
+        let mut columns = HashMap::new();
+        for row in rows {
+            let relkind: String = row.get(1).ok().flatten().unwrap_or_default();
+            let name: String = row.get(2).ok().flatten().unwrap_or_default();
+            if relkind != "r" && relkind != "p" {
+                raise(ERRCODE_WRONG_OBJECT_TYPE, format!("{name} is not a table"));
+            }
+            table.get_or_insert(name);
+            if let Ok(Some(column)) = row.get::<String>(3) {
+                let type_oid = row.get(4).ok().flatten().unwrap_or(pg_sys::InvalidOid);
+                let not_null = row.get(5).ok().flatten().unwrap_or(false);
+                columns.insert(column, Column { type_oid, not_null });
+            }
+        }
+        let Some(table) = table else {
+            raise(ERRCODE_UNDEFINED_TABLE, format!("no table with oid {}", oid.to_u32()));
+        };
+        Table { table, columns }
+    }
+
+    /// The column `name`, required to be of one of `types`; `None` when absent and optional.
+    fn column(&self, kind: &str, name: &str, types: &[Oid], required: bool) -> Option<&Column> {
+        let Some(column) = self.columns.get(name) else {
+            if required {
+                raise(
+                    ERRCODE_UNDEFINED_COLUMN,
+                    format!("{kind} table {} has no column \"{name}\"", self.table),
+                );
+            }
+            return None;
+        };
+        if !types.contains(&column.type_oid) {
+            let expected: Vec<String> = types.iter().map(|&oid| type_name(oid)).collect();
+            raise(
+                ERRCODE_DATATYPE_MISMATCH,
+                format!(
+                    "column \"{name}\" of {kind} table {} is of type {}, expected {}",
+                    self.table,
+                    type_name(column.type_oid),
+                    expected.join(" or ")
+                ),
+            );
+        }
+        Some(column)
+    }
+}
+
+fn type_name(oid: Oid) -> String {
+    // SAFETY: format_type_be handles any oid, unknown ones included, and returns a palloc'd string.
+    unsafe {
+        let name = pg_sys::format_type_be(oid);
+        std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+    }
+}
+
+impl QueueShape {
+    pub fn load(client: &SpiClient<'_>, oid: Oid) -> QueueShape {
+        let table = Table::load(client, oid);
+        const KIND: &str = "queue";
+        table.column(KIND, "id", INTEGERS, true);
+        table.column(KIND, "attempt", INTEGERS, true);
+        let locked_until = table.column(KIND, "locked_until", TIMESTAMPTZ, true);
+        let payload = table.column(KIND, "payload", &[pg_sys::JSONBOID, pg_sys::BYTEAOID], true);
+        QueueShape {
+            payload: match payload.map(|column| column.type_oid) {
+                Some(pg_sys::BYTEAOID) => Payload::Bytea,
+                _ => Payload::Jsonb,
+            },
+            nullable_locked_until: !locked_until.is_some_and(|column| column.not_null),
+            has_key: table.column(KIND, "key", TEXTS, false).is_some(),
+            has_last_error: table.column(KIND, "last_error", TEXTS, false).is_some(),
+            has_leased_at: table.column(KIND, "leased_at", TIMESTAMPTZ, false).is_some(),
+            table: table.table,
+        }
+    }
+}
+
+impl LedgerShape {
+    pub fn load(client: &SpiClient<'_>, oid: Oid) -> LedgerShape {
+        let table = Table::load(client, oid);
+        table.column("ledger", "event_key", TEXTS, true);
+        table.column("ledger", "seen_at", TIMESTAMPTZ, true);
+        LedgerShape { table: table.table }
+    }
+}
+
+/// Creates a table from `ddl` unless it exists; checks the shape either way with `check`.
+///
+/// The `inbox_create_*` functions that call this keep the caller's search_path, so that an
+/// unqualified name lands where `CREATE TABLE` would put it; everything they reference is
+/// therefore qualified with `pg_catalog`.
+pub(crate) fn create_table(
+    name: &str,
+    ddl: fn(&str) -> String,
+    check: impl Fn(&SpiClient<'_>, Oid),
+) -> RegClass {
+    let table = parse_qualified_name(name).quoted();
+    Spi::connect_mut(|client| {
+        let existing = client
+            .select(&format!("SELECT pg_catalog.to_regclass({})::pg_catalog.oid", quote_literal(&table)), None, &[])
+            .and_then(|rows| rows.first().get_one::<Oid>())
+            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+        let oid = match existing {
+            Some(oid) => oid,
+            None => {
+                client
+                    .update(ddl(&table).as_str(), None, &[])
+                    .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+                client
+                    .select(&format!("SELECT {}::pg_catalog.regclass::pg_catalog.oid", quote_literal(&table)), None, &[])
+                    .and_then(|rows| rows.first().get_one::<Oid>())
+                    .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()))
+                    .unwrap_or_else(|| raise(ERRCODE_UNDEFINED_TABLE, format!("{table} was not created")))
+            }
+        };
+        check(client, oid);
+        RegClass(oid)
+    })
+}
+

@@ -1,0 +1,1 @@
+//! In-database tests; see below.
