@@ -1,0 +1,78 @@
+//! Async Rust client of the `inbox` PostgreSQL extension.
+//!
+//! - [`Database`]: the port services write their SQL against, as [`Statement`]s in and [`Rows`]
+//!   out, with [`batch_atomic`](Database::batch_atomic) for statements that commit together. It is
+//!   implemented over a pool ([`PgDatabase`]) and inside an open transaction
+//!   ([`PgTransaction`]), so the same code runs in a handler's delivery transaction.
+//! - [`DbError`]: one error type whose [`kind`](DbError::kind) tells what to do about it and
+//!   whose [`sqlstate`](DbError::sqlstate) is the server's code.
+//! - [`Clock`]: the time port, with [`SystemClock`] and [`ManualClock`].
+//! - [`Inbox`]: a dedup ledger whose claims are the extension's functions (`inbox_claim`, ...),
+//!   so that an event's effect is applied once however often the event is delivered.
+//!
+//! The client holds no SQL of the extension's tables: it calls the extension's functions only.
+//!
+//! # Example
+//!
+//! With `DATABASE_URL` pointing at a database where `CREATE EXTENSION inbox` was run:
+//!
+//! ```no_run
+//! use inbox_client::{Clock, Database, Inbox, PgDatabase, Statement, SystemClock};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), inbox_client::DbError> {
+//!     let db = PgDatabase::from_env().await?;
+//!     let inbox = Inbox::new("billing_inbox");
+//!     db.execute(&Statement::new(inbox.create_table_sql())).await?;
+//!     db.execute(&Statement::new(
+//!         "CREATE TABLE IF NOT EXISTS invoices (order_id bigint, amount_cents integer)",
+//!     ))
+//!     .await?;
+//!
+//!     // One delivery of the event "order-42/paid": the claim and its effect commit together.
+//!     let effect = [
+//!         Statement::new("INSERT INTO invoices (order_id, amount_cents) VALUES ($1, $2)")
+//!             .bind(42_i64)
+//!             .bind(1999_i64),
+//!     ];
+//!     let clock = SystemClock;
+//!     let applied = inbox
+//!         .claim_with(&db, "order-42/paid", &clock.now_rfc3339(), &effect)
+//!         .await?;
+//!     println!("first delivery applied the effect: {applied}");
+//!
+//!     // A redelivery of the same event applies nothing.
+//!     let again = inbox
+//!         .claim_with(&db, "order-42/paid", &clock.now_rfc3339(), &effect)
+//!         .await?;
+//!     assert!(!again);
+//!     assert!(inbox.seen(&db, "order-42/paid").await?);
+//!     Ok(())
+//! }
+//! ```
+#![warn(missing_docs)]
+
+mod clock;
+mod database;
+mod error;
+mod inbox;
+mod pg;
+mod rows;
+mod sql;
+mod statement;
+mod tx;
+
+pub use clock::{format_rfc3339, Clock, ManualClock, SystemClock};
+pub use database::Database;
+pub use error::{DbError, ErrorKind};
+pub use inbox::Inbox;
+pub use pg::{PgDatabase, DATABASE_URL};
+pub use rows::{FromValue, Row, Rows};
+pub use statement::{Statement, Value};
+pub use tx::PgTransaction;
+
+/// The deadpool-postgres this crate is built on, for [`PgDatabase::from_pool`] and
+/// [`PgTransaction::new`].
+pub use deadpool_postgres;
+/// The tokio-postgres this crate is built on, for [`PgTransaction::from_tokio`].
+pub use tokio_postgres;

@@ -1,0 +1,197 @@
+//! [`PgTransaction`]: the [`Database`] port inside an open transaction.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use tokio::sync::Mutex;
+
+use crate::database::Database;
+use crate::error::DbError;
+use crate::pg::{execute_prepared, query_prepared};
+use crate::rows::Rows;
+use crate::sql;
+use crate::statement::Statement;
+
+/// The transaction a [`PgTransaction`] runs in.
+#[derive(Clone, Copy)]
+enum Handle<'a> {
+    Pooled(&'a deadpool_postgres::Transaction<'a>),
+    Plain(&'a tokio_postgres::Transaction<'a>),
+}
+
+impl<'a> Handle<'a> {
+    fn tx(self) -> &'a tokio_postgres::Transaction<'a> {
+        match self {
+            Handle::Pooled(tx) => tx,
+            Handle::Plain(tx) => tx,
+        }
+    }
+
+    /// Prepares `sql`, through the connection's statement cache when it has one.
+    async fn prepare(self, sql: &str) -> Result<tokio_postgres::Statement, DbError> {
+        Ok(match self {
+            Handle::Pooled(tx) => tx.prepare_cached(sql).await?,
+            Handle::Plain(tx) => tx.prepare(sql).await?,
+        })
+    }
+}
+
+/// The [`Database`] port over a transaction the caller opened (a handler's delivery transaction,
+/// say): [`execute`](Database::execute) and [`query`](Database::query) run in it and see its
+/// uncommitted writes, and nothing commits until the caller commits the transaction.
+///
+/// [`batch_atomic`](Database::batch_atomic) runs inside a savepoint: a failing batch is undone
+/// whole and leaves the transaction usable; a succeeding one commits when, and only if, the
+/// enclosing transaction commits.
+///
+/// Calls through one `PgTransaction` run one at a time. If a `batch_atomic` future is dropped
+/// before it finishes, its partial work is rolled back at the next call through this
+/// `PgTransaction`; a caller that cancels a batch and does not use the port again must roll the
+/// enclosing transaction back rather than commit it.
+///
+/// ```no_run
+/// # async fn run(db: &inbox_client::PgDatabase) -> Result<(), inbox_client::DbError> {
+/// use inbox_client::{Database, PgTransaction, Statement};
+///
+/// let mut client = db.pool().get().await?;
+/// let tx = client.transaction().await?;
+/// let port = PgTransaction::new(&tx);
+/// port.execute(&Statement::new("INSERT INTO audit (note) VALUES ($1)").bind("hello")).await?;
+/// drop(port);
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct PgTransaction<'a> {
+    handle: Handle<'a>,
+    serial: Mutex<()>,
+    /// Set when a batch was cancelled inside its savepoint, which must then be rolled back.
+    pending_rollback: AtomicBool,
+}
+
+impl<'a> PgTransaction<'a> {
+    /// The port over a deadpool-postgres transaction (statements are prepared through the
+    /// connection's cache).
+    pub fn new(tx: &'a deadpool_postgres::Transaction<'a>) -> Self {
+        Self::with_handle(Handle::Pooled(tx))
+    }
+
+    /// The port over a plain tokio-postgres transaction (statements are prepared on each call).
+    pub fn from_tokio(tx: &'a tokio_postgres::Transaction<'a>) -> Self {
+        Self::with_handle(Handle::Plain(tx))
+    }
+
+    fn with_handle(handle: Handle<'a>) -> Self {
+        Self {
+            handle,
+            serial: Mutex::new(()),
+            pending_rollback: AtomicBool::new(false),
+        }
+    }
+
+    /// Rolls back the savepoint of a cancelled batch, if there is one.
+    async fn restore(&self) -> Result<(), DbError> {
+        if self.pending_rollback.swap(false, Ordering::SeqCst) {
+            self.handle.tx().batch_execute(sql::BATCH_ROLLBACK).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `statements` in order in the transaction, stopping at the first failure, with no
+    /// savepoint of its own.
+    pub(crate) async fn run_all(&self, statements: &[Statement]) -> Result<(), DbError> {
+        for statement in statements {
+            let prepared = self.handle.prepare(statement.sql()).await?;
+            execute_prepared(self.handle.tx(), &prepared, statement).await?;
+        }
+        Ok(())
+    }
+}
+
+impl<'a> From<&'a deadpool_postgres::Transaction<'a>> for PgTransaction<'a> {
+    fn from(tx: &'a deadpool_postgres::Transaction<'a>) -> Self {
+        Self::new(tx)
+    }
+}
+
+impl<'a> From<&'a tokio_postgres::Transaction<'a>> for PgTransaction<'a> {
+    fn from(tx: &'a tokio_postgres::Transaction<'a>) -> Self {
+        Self::from_tokio(tx)
+    }
+}
+
+impl fmt::Debug for PgTransaction<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.handle {
+            Handle::Pooled(_) => "deadpool",
+            Handle::Plain(_) => "tokio-postgres",
+        };
+        f.debug_struct("PgTransaction")
+            .field("transaction", &kind)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Marks the batch's savepoint for rollback if dropped before [`disarm`](Self::disarm).
+struct Armed<'a>(Option<&'a AtomicBool>);
+
+impl Armed<'_> {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0 {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+#[async_trait]
+impl Database for PgTransaction<'_> {
+    async fn execute(&self, statement: &Statement) -> Result<u64, DbError> {
+        statement.check()?;
+        let _serial = self.serial.lock().await;
+        self.restore().await?;
+        let prepared = self.handle.prepare(statement.sql()).await?;
+        execute_prepared(self.handle.tx(), &prepared, statement).await
+    }
+
+    async fn query(&self, statement: &Statement) -> Result<Rows, DbError> {
+        statement.check()?;
+        let _serial = self.serial.lock().await;
+        self.restore().await?;
+        let prepared = self.handle.prepare(statement.sql()).await?;
+        query_prepared(self.handle.tx(), &prepared, statement).await
+    }
+
+    async fn batch_atomic(&self, statements: &[Statement]) -> Result<(), DbError> {
+        statements.iter().try_for_each(Statement::check)?;
+        if statements.is_empty() {
+            return Ok(());
+        }
+        let _serial = self.serial.lock().await;
+        self.restore().await?;
+        let tx = self.handle.tx();
+        tx.batch_execute(sql::BATCH_SAVEPOINT).await?;
+        let mut armed = Armed(Some(&self.pending_rollback));
+        match self.run_all(statements).await {
+            Ok(()) => {
+                // From here a cancelled call leaves at worst a savepoint holding the whole batch.
+                armed.disarm();
+                tx.batch_execute(sql::BATCH_RELEASE).await?;
+                Ok(())
+            }
+            Err(error) => {
+                if let Err(rollback) = tx.batch_execute(sql::BATCH_ROLLBACK).await {
+                    tracing::warn!(%rollback, "rolling back a failed batch to its savepoint failed");
+                }
+                armed.disarm();
+                Err(error)
+            }
+        }
+    }
+}
