@@ -58,7 +58,6 @@ impl<'a> Handle<'a> {
 /// let tx = client.transaction().await?;
 /// let port = PgTransaction::new(&tx);
 /// port.execute(&Statement::new("INSERT INTO audit (note) VALUES ($1)").bind("hello")).await?;
-/// drop(port);
 /// tx.commit().await?;
 /// # Ok(())
 /// # }

@@ -1,0 +1,158 @@
+//! Shared fixtures of the integration tests.
+//!
+//! [`TestDb::new`] gives each test its own fresh schema in the database named by
+//! `INBOX_TEST_DATABASE_URL` (default [`DEFAULT_URL`]), where the `inbox` extension must already be
+//! created. Every connection the fixture opens has `search_path` set to `<schema>, public`, so
+//! tests create their tables with unqualified names and still find the extension's functions in
+//! `public`, and `application_name` set to the schema's name. When the [`TestDb`] is dropped, the
+//! connections still open under that name are terminated and the schema is dropped (best effort):
+//! drop the `TestDb` last.
+//!
+//! ```no_run
+//! # async fn run() {
+//! let db = inbox_tests::TestDb::new().await;
+//! let pool = db.pool(4);
+//! let client = pool.get().await.unwrap();
+//! client.batch_execute("CREATE TABLE t (id int)").await.unwrap(); // in db.schema()
+//! # }
+//! ```
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+/// The environment variable naming the test database.
+pub const URL_VAR: &str = "INBOX_TEST_DATABASE_URL";
+
+/// The test database used when [`URL_VAR`] is unset.
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/inbox_test";
+
+/// A fresh schema in the test database, and connections that use it.
+#[derive(Debug)]
+pub struct TestDb {
+    url: String,
+    schema: String,
+    config: tokio_postgres::Config,
+}
+
+impl TestDb {
+    /// Creates a uniquely named schema (`t_<pid>_<counter>_<random>`) in the test database.
+    ///
+    /// # Panics
+    /// When the database cannot be reached or the schema cannot be created (the message says
+    /// which URL was tried and how to set it up).
+    pub async fn new() -> Self {
+        let url = std::env::var(URL_VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        let schema = unique_schema_name();
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .unwrap_or_else(|e| panic!("{URL_VAR} is not a connection string: {e}"));
+        let admin = connect(&config).await.unwrap_or_else(|e| {
+            panic!(
+                "cannot connect to the test database ({e}); set {URL_VAR} (default {DEFAULT_URL}) \
+                 to a database where `CREATE EXTENSION inbox` was run"
+            )
+        });
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap_or_else(|e| panic!("cannot create schema {schema}: {e}"));
+        config.options(format!("-c search_path={schema},public"));
+        // Lets the cleanup find this test's connections (and a person read pg_stat_activity).
+        config.application_name(&schema);
+        Self {
+            url,
+            schema,
+            config,
+        }
+    }
+
+    /// A new pool of at most `size` connections to the test database, each using the schema.
+    pub fn pool(&self, size: usize) -> Pool {
+        let manager = Manager::from_config(
+            self.config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        Pool::builder(manager)
+            .max_size(size)
+            .build()
+            .unwrap_or_else(|e| panic!("cannot build a pool: {e}"))
+    }
+
+    /// A new plain connection to the test database, using the schema; its connection task runs on
+    /// the current tokio runtime.
+    ///
+    /// # Panics
+    /// When the connection fails.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        connect(&self.config)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to the test database: {e}"))
+    }
+
+    /// The test database's connection string (without the schema's `search_path`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The name of this test's schema (a plain lower-case identifier, safe to format into SQL).
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+}
+
+impl Drop for TestDb {
+    /// Terminates the test's other connections still open (a transaction left open would hold its
+    /// locks while this blocks the runtime that would roll it back), then drops the schema on a
+    /// connection of its own; failures are ignored.
+    fn drop(&mut self) {
+        let config = self.config.clone();
+        let drop_schema = format!(
+            "SET lock_timeout = '10s'; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = '{schema}' AND pid <> pg_backend_pid(); \
+             DROP SCHEMA IF EXISTS {schema} CASCADE",
+            schema = self.schema
+        );
+        // Drop cannot await, and may run inside a runtime: use a thread with a runtime of its own.
+        let cleanup = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(client) = connect(&config).await {
+                    let _ = client.batch_execute(&drop_schema).await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+async fn connect(
+    config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+fn unique_schema_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let counter = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(counter);
+    let random = hasher.finish() & 0xff_ffff;
+    format!("t_{}_{counter}_{random:06x}", std::process::id())
+}
