@@ -4,11 +4,11 @@
 //! statement back to the caller) without being converted to Rust values: a `jsonb` payload is
 //! never parsed, a `bytea` never copied, however large.
 
+use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
 };
-use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
 use pgrx::{FromDatum, IntoDatum};
 
 /// Lets a type be a `#[pg_extern]` argument and result through its `FromDatum`/`IntoDatum`.
@@ -124,7 +124,10 @@ pub(crate) fn array_facts(array: Datum, argument: &str) -> ArrayFacts {
             let dims = (array as *mut u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *mut i32;
             pg_sys::ArrayGetNItems(dimensions, dims) as usize
         };
-        ArrayFacts { len, has_nulls: pg_sys::array_contains_nulls(array) }
+        ArrayFacts {
+            len,
+            has_nulls: pg_sys::array_contains_nulls(array),
+        }
     }
 }
 
@@ -145,7 +148,11 @@ pub(crate) unsafe fn spi_result_datum(row: usize, column: i32) -> Option<Datum> 
             return None;
         }
         let attribute = &*(*descriptor).attrs.as_ptr().add(column as usize - 1);
-        Some(pg_sys::SPI_datumTransfer(datum, attribute.attbyval, attribute.attlen as i32))
+        Some(pg_sys::SPI_datumTransfer(
+            datum,
+            attribute.attbyval,
+            attribute.attlen as i32,
+        ))
     }
 }
 
@@ -174,7 +181,8 @@ pass_as_datum!(RegClass);
 unsafe impl SqlTranslatable for RegClass {
     const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(RegClass);
     const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
-    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("regclass"));
+    const ARGUMENT_SQL: Result<SqlMappingRef, ArgumentError> =
+        Ok(SqlMappingRef::literal("regclass"));
     const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
         Ok(ReturnsRef::One(SqlMappingRef::literal("regclass")));
 }

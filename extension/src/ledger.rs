@@ -11,9 +11,13 @@ use crate::statements::{self, PURGE_BATCH};
 /// Creates the ledger table `name` unless a valid one exists; returns it.
 #[pg_extern(volatile, parallel_unsafe)]
 fn inbox_create_ledger(name: Option<&str>) -> RegClass {
-    create_table(required(name, "name"), statements::create_ledger, |client, oid| {
-        plans::ledger(client, oid);
-    })
+    create_table(
+        required(name, "name"),
+        statements::create_ledger,
+        |client, oid| {
+            plans::ledger(client, oid);
+        },
+    )
 }
 
 /// Records `key` in `ledger`: true the first time, false for any later or concurrent duplicate.
@@ -37,11 +41,18 @@ fn inbox_claim_or_fail(
     seen_at: default!(Option<TimestampWithTimeZone>, "now()"),
 ) {
     if !claim(ledger, key, seen_at) {
-        raise(ERRCODE_UNIQUE_VIOLATION, "the key is already claimed in this ledger");
+        raise(
+            ERRCODE_UNIQUE_VIOLATION,
+            "the key is already claimed in this ledger",
+        );
     }
 }
 
-fn claim(ledger: Option<RegClass>, key: Option<Text>, seen_at: Option<TimestampWithTimeZone>) -> bool {
+fn claim(
+    ledger: Option<RegClass>,
+    key: Option<Text>,
+    seen_at: Option<TimestampWithTimeZone>,
+) -> bool {
     let ledger = required(ledger, "ledger").0;
     let key = required(key, "key");
     let seen_at = required(seen_at, "seen_at");

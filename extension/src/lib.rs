@@ -16,7 +16,7 @@ mod shape;
 mod statements;
 
 #[cfg(any(test, feature = "pg_test"))]
-mod tests;
+mod pg_tests;
 
 ::pgrx::pg_module_magic!(name, version);
 

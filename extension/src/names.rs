@@ -20,7 +20,11 @@ impl QualifiedName {
     /// The name as SQL, each part quoted as an identifier.
     pub fn quoted(&self) -> String {
         match &self.schema {
-            Some(schema) => format!("{}.{}", quote_identifier(schema), quote_identifier(&self.name)),
+            Some(schema) => format!(
+                "{}.{}",
+                quote_identifier(schema),
+                quote_identifier(&self.name)
+            ),
             None => quote_identifier(&self.name),
         }
     }
@@ -50,7 +54,10 @@ pub(crate) fn parse_qualified_name(text: &str) -> QualifiedName {
                 );
             }
             let name = parts.pop().unwrap_or_default();
-            QualifiedName { schema: parts.pop(), name }
+            QualifiedName {
+                schema: parts.pop(),
+                name,
+            }
         }
         Err(reason) => raise(
             ERRCODE_INVALID_NAME,
@@ -114,14 +121,33 @@ mod unit_tests {
     #[test]
     fn splits_plain_qualified_and_quoted_names() {
         assert_eq!(split_identifiers("Jobs"), Ok(vec!["jobs".to_string()]));
-        assert_eq!(split_identifiers("app.jobs"), Ok(vec!["app".into(), "jobs".into()]));
-        assert_eq!(split_identifiers("\"My \"\"Q\"\"\".x_1$"), Ok(vec!["My \"Q\"".into(), "x_1$".into()]));
+        assert_eq!(
+            split_identifiers("app.jobs"),
+            Ok(vec!["app".into(), "jobs".into()])
+        );
+        assert_eq!(
+            split_identifiers("\"My \"\"Q\"\"\".x_1$"),
+            Ok(vec!["My \"Q\"".into(), "x_1$".into()])
+        );
     }
 
     #[test]
     fn refuses_what_is_not_an_identifier() {
-        for hostile in ["x; DROP TABLE y", "", "a.b.c", "\"open", "1abc", "a b", "a'b", "\"\"", "a."] {
-            assert!(split_identifiers(hostile).is_err(), "{hostile:?} should be refused");
+        for hostile in [
+            "x; DROP TABLE y",
+            "",
+            "a.b.c",
+            "\"open",
+            "1abc",
+            "a b",
+            "a'b",
+            "\"\"",
+            "a.",
+        ] {
+            assert!(
+                split_identifiers(hostile).is_err(),
+                "{hostile:?} should be refused"
+            );
         }
     }
 

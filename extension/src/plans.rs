@@ -78,12 +78,18 @@ thread_local! {
 /// Registers [`relcache_invalidated`]; called once, when the library loads.
 pub(crate) fn register_invalidation_callback() {
     // SAFETY: called from _PG_init; the callback lives as long as the library.
-    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relcache_invalidated), pg_sys::Datum::from(0)) };
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(Some(relcache_invalidated), pg_sys::Datum::from(0))
+    };
 }
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: Oid) {
-    let stale = if relid == pg_sys::InvalidOid { Stale::All } else { Stale::Table(relid) };
+    let stale = if relid == pg_sys::InvalidOid {
+        Stale::All
+    } else {
+        Stale::Table(relid)
+    };
     STALE.with(|pending| {
         let mut pending = pending.borrow_mut();
         // A backend busy with other tables' DDL would otherwise pile up entries.
@@ -97,12 +103,20 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: Oid
 
 /// The shape of ledger `oid`, loaded on first use.
 pub(crate) fn ledger(client: &SpiClient<'_>, oid: Oid) -> Rc<LedgerShape> {
-    cached_shape(oid, |cache| &mut cache.ledgers, || LedgerShape::load(client, oid))
+    cached_shape(
+        oid,
+        |cache| &mut cache.ledgers,
+        || LedgerShape::load(client, oid),
+    )
 }
 
 /// The shape of queue `oid`, loaded on first use.
 pub(crate) fn queue(client: &SpiClient<'_>, oid: Oid) -> Rc<QueueShape> {
-    cached_shape(oid, |cache| &mut cache.queues, || QueueShape::load(client, oid))
+    cached_shape(
+        oid,
+        |cache| &mut cache.queues,
+        || QueueShape::load(client, oid),
+    )
 }
 
 fn cached_shape<S>(

@@ -16,9 +16,13 @@ use crate::statements;
 /// Creates the queue table `name` unless a valid one exists; returns it.
 #[pg_extern(volatile, parallel_unsafe)]
 fn inbox_create_queue(name: Option<&str>) -> RegClass {
-    create_table(required(name, "name"), statements::create_queue, |client, oid| {
-        plans::queue(client, oid);
-    })
+    create_table(
+        required(name, "name"),
+        statements::create_queue,
+        |client, oid| {
+            plans::queue(client, oid);
+        },
+    )
 }
 
 /// The NOTIFY channel on which enqueues into `queue` announce new jobs.
@@ -59,8 +63,15 @@ fn check_interval(interval: Interval, argument: &str, allow_zero: bool) -> Inter
         + interval.days() as i128 * DAY
         + interval.micros() as i128;
     if micros < 0 || (micros == 0 && !allow_zero) {
-        let bound = if allow_zero { "negative" } else { "zero or negative" };
-        raise(ERRCODE_INVALID_PARAMETER_VALUE, format!("{argument} must not be {bound}"));
+        let bound = if allow_zero {
+            "negative"
+        } else {
+            "zero or negative"
+        };
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{argument} must not be {bound}"),
+        );
     }
     interval
 }
@@ -98,15 +109,27 @@ fn enqueue(
         if key.is_some() && !plans::queue(client, queue).has_key {
             raise(
                 ERRCODE_UNDEFINED_COLUMN,
-                format!("queue {} has no column \"key\" to dedup by", plans::queue(client, queue).table),
+                format!(
+                    "queue {} has no column \"key\" to dedup by",
+                    plans::queue(client, queue).table
+                ),
             );
         }
         let plan = plans::queue_plan(client, queue, Op::Enqueue, statements::enqueue);
         let due = run_at.map_or_else(clock_now, DatumWithOid::from);
-        let key = key.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTOID), DatumWithOid::from);
+        let key = key.map_or_else(
+            || DatumWithOid::null_oid(pg_sys::TEXTOID),
+            DatumWithOid::from,
+        );
         client
             .update(&*plan, None, &[payload, due, key])
-            .and_then(|rows| rows.first().get_one::<i64>())
+            .and_then(|rows| {
+                if rows.is_empty() {
+                    Ok(None)
+                } else {
+                    rows.first().get_one::<i64>()
+                }
+            })
             .unwrap_or_else(|e| internal(e))
     });
     notify(queue);
@@ -126,14 +149,16 @@ fn inbox_enqueue(
     enqueue(queue, payload, Payload::Jsonb, run_at, key)
 }
 
-/// Enqueues one `bytea` job; as the `jsonb` form.
+/// Enqueues one `bytea` job; as the `jsonb` form. Its arguments have no defaults, so that a call
+/// with fewer than four arguments and an untyped literal (`inbox_enqueue('jobs', '{}')`) means
+/// `jsonb` rather than being ambiguous.
 #[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue")]
 #[search_path(pg_catalog, pg_temp)]
 fn inbox_enqueue_bytea(
     queue: Option<RegClass>,
     payload: Option<Bytea>,
-    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
-    key: default!(Option<Text>, "NULL"),
+    run_at: Option<TimestampWithTimeZone>,
+    key: Option<Text>,
 ) -> Option<i64> {
     let payload = required(payload, "payload").into();
     enqueue(queue, payload, Payload::Bytea, run_at, key)
@@ -149,7 +174,10 @@ fn enqueue_batch(
     let queue = required(queue, "queue").0;
     let count = array_facts(payloads, "payloads");
     if count.has_nulls {
-        raise(ERRCODE_NULL_VALUE_NOT_ALLOWED, "payloads must not contain NULL");
+        raise(
+            ERRCODE_NULL_VALUE_NOT_ALLOWED,
+            "payloads must not contain NULL",
+        );
     }
     if let Some(keys) = keys {
         let keys = array_facts(keys.0, "keys");
@@ -165,14 +193,20 @@ fn enqueue_batch(
         if keys.is_some() && !plans::queue(client, queue).has_key {
             raise(
                 ERRCODE_UNDEFINED_COLUMN,
-                format!("queue {} has no column \"key\" to dedup by", plans::queue(client, queue).table),
+                format!(
+                    "queue {} has no column \"key\" to dedup by",
+                    plans::queue(client, queue).table
+                ),
             );
         }
         let plan = plans::queue_plan(client, queue, Op::EnqueueBatch, statements::enqueue_batch);
         // SAFETY: `payloads` is a non-NULL array of the queue's payload type.
         let payloads = unsafe { DatumWithOid::new(payloads, kind.array_type_oid()) };
         let due = run_at.map_or_else(clock_now, DatumWithOid::from);
-        let keys = keys.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTARRAYOID), DatumWithOid::from);
+        let keys = keys.map_or_else(
+            || DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+            DatumWithOid::from,
+        );
         client
             .update(&*plan, None, &[payloads, due, keys])
             .unwrap_or_else(|e| internal(e))
@@ -194,19 +228,31 @@ fn inbox_enqueue_batch(
     run_at: default!(Option<TimestampWithTimeZone>, "now()"),
     keys: default!(Option<TextArray>, "NULL"),
 ) -> SetOfIterator<'static, i64> {
-    enqueue_batch(queue, required(payloads, "payloads").0, Payload::Jsonb, run_at, keys)
+    enqueue_batch(
+        queue,
+        required(payloads, "payloads").0,
+        Payload::Jsonb,
+        run_at,
+        keys,
+    )
 }
 
-/// Enqueues many `bytea` jobs in one statement; as the `jsonb` form.
+/// Enqueues many `bytea` jobs in one statement; as the `jsonb` form (no defaults, as above).
 #[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue_batch")]
 #[search_path(pg_catalog, pg_temp)]
 fn inbox_enqueue_batch_bytea(
     queue: Option<RegClass>,
     payloads: Option<ByteaArray>,
-    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
-    keys: default!(Option<TextArray>, "NULL"),
+    run_at: Option<TimestampWithTimeZone>,
+    keys: Option<TextArray>,
 ) -> SetOfIterator<'static, i64> {
-    enqueue_batch(queue, required(payloads, "payloads").0, Payload::Bytea, run_at, keys)
+    enqueue_batch(
+        queue,
+        required(payloads, "payloads").0,
+        Payload::Bytea,
+        run_at,
+        keys,
+    )
 }
 
 /// One job handed to a worker: `payload` for a `jsonb` queue, `payload_bytes` for a `bytea` one.
@@ -230,7 +276,10 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
         let plan = plans::queue_plan(client, queue, op, build);
         let mut args = vec![max.into(), clock_now()];
         args.extend(lease.map(DatumWithOid::from));
-        let taken = client.update(&*plan, None, &args).unwrap_or_else(|e| internal(e)).len();
+        let taken = client
+            .update(&*plan, None, &args)
+            .unwrap_or_else(|e| internal(e))
+            .len();
         (0..taken)
             .map(|row| {
                 // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload),
@@ -254,6 +303,7 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
 
 /// Leases up to `max` due jobs for `lease`, in order, with `FOR UPDATE SKIP LOCKED`.
 #[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
 #[search_path(pg_catalog, pg_temp)]
 fn inbox_lease(
     queue: Option<RegClass>,
@@ -275,6 +325,7 @@ fn inbox_lease(
 
 /// Row-locks up to `max` due jobs in the caller's transaction, as `inbox_lease` picks them.
 #[pg_extern(volatile, parallel_unsafe)]
+#[allow(clippy::type_complexity)]
 #[search_path(pg_catalog, pg_temp)]
 fn inbox_lock(
     queue: Option<RegClass>,
@@ -308,8 +359,15 @@ fn settle(
         let plan = plans::queue_plan(client, queue, op, build);
         let mut args: Vec<DatumWithOid<'_>> = vec![id.into(), token.into()];
         // SAFETY: the extra arguments are borrowed for the duration of this call only.
-        args.extend(more.iter().map(|arg| unsafe { DatumWithOid::new_from_datum(arg.datum(), arg.oid()) }));
-        client.update(&*plan, None, &args).unwrap_or_else(|e| internal(e)).len() == 1
+        args.extend(
+            more.iter()
+                .map(|arg| unsafe { DatumWithOid::new_from_datum(arg.datum(), arg.oid()) }),
+        );
+        client
+            .update(&*plan, None, &args)
+            .unwrap_or_else(|e| internal(e))
+            .len()
+            == 1
     })
 }
 
@@ -361,11 +419,27 @@ fn inbox_retry(
 ) -> bool {
     let delay = check_interval(required(delay, "delay"), "delay", true);
     if max_attempts.is_some_and(|max| max < 1) {
-        raise(ERRCODE_INVALID_PARAMETER_VALUE, "max_attempts must be at least 1");
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            "max_attempts must be at least 1",
+        );
     }
-    let error = error.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTOID), DatumWithOid::from);
-    let max = max_attempts.map_or_else(|| DatumWithOid::null_oid(pg_sys::INT4OID), DatumWithOid::from);
-    settle(queue, id, token, Op::Retry, statements::retry, &[clock_now(), delay.into(), max, error])
+    let error = error.map_or_else(
+        || DatumWithOid::null_oid(pg_sys::TEXTOID),
+        DatumWithOid::from,
+    );
+    let max = max_attempts.map_or_else(
+        || DatumWithOid::null_oid(pg_sys::INT4OID),
+        DatumWithOid::from,
+    );
+    settle(
+        queue,
+        id,
+        token,
+        Op::Retry,
+        statements::retry,
+        &[clock_now(), delay.into(), max, error],
+    )
 }
 
 /// Dead-letters job `id`, keeping it in the table with `reason`, for an operator.
@@ -377,7 +451,10 @@ fn inbox_dead(
     token: Option<i64>,
     reason: default!(Option<&str>, "NULL"),
 ) -> bool {
-    let reason = reason.map_or_else(|| DatumWithOid::null_oid(pg_sys::TEXTOID), DatumWithOid::from);
+    let reason = reason.map_or_else(
+        || DatumWithOid::null_oid(pg_sys::TEXTOID),
+        DatumWithOid::from,
+    );
     settle(queue, id, token, Op::Dead, statements::dead, &[reason])
 }
 
@@ -391,7 +468,14 @@ fn inbox_extend(
     lease: default!(Option<Interval>, "'30 seconds'"),
 ) -> bool {
     let lease = check_interval(required(lease, "lease"), "lease", false);
-    settle(queue, id, token, Op::Extend, statements::extend, &[clock_now(), lease.into()])
+    settle(
+        queue,
+        id,
+        token,
+        Op::Extend,
+        statements::extend,
+        &[clock_now(), lease.into()],
+    )
 }
 
 /// How many jobs are ready, delayed, leased and dead, and how long the oldest ready one has waited.
@@ -413,9 +497,18 @@ fn inbox_stats(
     let queue = required(queue, "queue").0;
     let row = Spi::connect(|client| {
         let plan = plans::queue_plan(client, queue, Op::Stats, statements::stats);
-        let row = client.select(&*plan, None, &[clock_now()]).unwrap_or_else(|e| internal(e)).first();
+        let row = client
+            .select(&*plan, None, &[clock_now()])
+            .unwrap_or_else(|e| internal(e))
+            .first();
         let count = |column| row.get::<i64>(column).ok().flatten().unwrap_or(0);
-        (count(1), count(2), count(3), count(4), row.get::<Interval>(5).ok().flatten())
+        (
+            count(1),
+            count(2),
+            count(3),
+            count(4),
+            row.get::<Interval>(5).ok().flatten(),
+        )
     });
     TableIterator::once(row)
 }

@@ -110,7 +110,10 @@ impl Table {
             }
         }
         let Some(table) = table else {
-            raise(ERRCODE_UNDEFINED_TABLE, format!("no table with oid {}", oid.to_u32()));
+            raise(
+                ERRCODE_UNDEFINED_TABLE,
+                format!("no table with oid {}", oid.to_u32()),
+            );
         };
         Table { table, columns }
     }
@@ -146,7 +149,9 @@ fn type_name(oid: Oid) -> String {
     // SAFETY: format_type_be handles any oid, unknown ones included, and returns a palloc'd string.
     unsafe {
         let name = pg_sys::format_type_be(oid);
-        std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -166,7 +171,9 @@ impl QueueShape {
             nullable_locked_until: !locked_until.is_some_and(|column| column.not_null),
             has_key: table.column(KIND, "key", TEXTS, false).is_some(),
             has_last_error: table.column(KIND, "last_error", TEXTS, false).is_some(),
-            has_leased_at: table.column(KIND, "leased_at", TIMESTAMPTZ, false).is_some(),
+            has_leased_at: table
+                .column(KIND, "leased_at", TIMESTAMPTZ, false)
+                .is_some(),
             table: table.table,
         }
     }
@@ -194,7 +201,14 @@ pub(crate) fn create_table(
     let table = parse_qualified_name(name).quoted();
     Spi::connect_mut(|client| {
         let existing = client
-            .select(&format!("SELECT pg_catalog.to_regclass({})::pg_catalog.oid", quote_literal(&table)), None, &[])
+            .select(
+                &format!(
+                    "SELECT pg_catalog.to_regclass({})::pg_catalog.oid",
+                    quote_literal(&table)
+                ),
+                None,
+                &[],
+            )
             .and_then(|rows| rows.first().get_one::<Oid>())
             .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
         let oid = match existing {
@@ -204,14 +218,22 @@ pub(crate) fn create_table(
                     .update(ddl(&table).as_str(), None, &[])
                     .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
                 client
-                    .select(&format!("SELECT {}::pg_catalog.regclass::pg_catalog.oid", quote_literal(&table)), None, &[])
+                    .select(
+                        &format!(
+                            "SELECT {}::pg_catalog.regclass::pg_catalog.oid",
+                            quote_literal(&table)
+                        ),
+                        None,
+                        &[],
+                    )
                     .and_then(|rows| rows.first().get_one::<Oid>())
                     .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()))
-                    .unwrap_or_else(|| raise(ERRCODE_UNDEFINED_TABLE, format!("{table} was not created")))
+                    .unwrap_or_else(|| {
+                        raise(ERRCODE_UNDEFINED_TABLE, format!("{table} was not created"))
+                    })
             }
         };
         check(client, oid);
         RegClass(oid)
     })
 }
-

@@ -58,7 +58,10 @@ pub(crate) fn claim(ledger: &LedgerShape) -> Sql {
 
 pub(crate) fn seen(ledger: &LedgerShape) -> Sql {
     Sql {
-        text: format!("SELECT EXISTS (SELECT FROM {} WHERE event_key = $1)", ledger.table),
+        text: format!(
+            "SELECT EXISTS (SELECT FROM {} WHERE event_key = $1)",
+            ledger.table
+        ),
         args: vec![pg_sys::TEXTOID],
     }
 }
@@ -86,8 +89,11 @@ fn on_key_conflict(queue: &QueueShape) -> &'static str {
 
 /// `$1` payload, `$2` due time, `$3` key (only where the table has keys).
 pub(crate) fn enqueue(queue: &QueueShape) -> Sql {
-    let (columns, values) =
-        if queue.has_key { (", key", ", $3") } else { ("", "") };
+    let (columns, values) = if queue.has_key {
+        (", key", ", $3")
+    } else {
+        ("", "")
+    };
     Sql {
         text: format!(
             "INSERT INTO {} (payload, locked_until{columns}) VALUES ($1, $2{values}){} RETURNING id::int8",
@@ -122,7 +128,10 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
 pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
     let table = &queue.table;
     let (due, nulls) = if queue.nullable_locked_until {
-        ("(locked_until IS NULL OR locked_until <= $2)", " NULLS FIRST")
+        (
+            "(locked_until IS NULL OR locked_until <= $2)",
+            " NULLS FIRST",
+        )
     } else {
         ("locked_until <= $2", "")
     };
@@ -178,7 +187,9 @@ pub(crate) fn ack_many(queue: &QueueShape) -> Sql {
 fn release_columns(queue: &QueueShape, error_parameter: &str) -> String {
     let mut set = String::new();
     if queue.has_last_error {
-        set.push_str(&format!(", last_error = COALESCE({error_parameter}, last_error)"));
+        set.push_str(&format!(
+            ", last_error = COALESCE({error_parameter}, last_error)"
+        ));
     }
     if queue.has_leased_at {
         set.push_str(", leased_at = NULL");
@@ -222,8 +233,16 @@ pub(crate) fn dead(queue: &QueueShape) -> Sql {
 /// `$3` now, `$4` the new lease's length.
 pub(crate) fn extend(queue: &QueueShape) -> Sql {
     Sql {
-        text: format!("UPDATE {} SET locked_until = $3 + $4 WHERE {FENCE}", queue.table),
-        args: vec![pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID],
+        text: format!(
+            "UPDATE {} SET locked_until = $3 + $4 WHERE {FENCE}",
+            queue.table
+        ),
+        args: vec![
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::TIMESTAMPTZOID,
+            pg_sys::INTERVALOID,
+        ],
     }
 }
 
@@ -234,7 +253,11 @@ pub(crate) fn stats(queue: &QueueShape) -> Sql {
     } else {
         "locked_until <= $1"
     };
-    let leased = if queue.has_leased_at { "leased_at IS NOT NULL" } else { "attempt > 0" };
+    let leased = if queue.has_leased_at {
+        "leased_at IS NOT NULL"
+    } else {
+        "attempt > 0"
+    };
     let waiting = "locked_until > $1 AND locked_until < 'infinity'";
     Sql {
         text: format!(

@@ -1,1 +1,0 @@
-//! In-database tests; see below.
