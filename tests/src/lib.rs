@@ -17,6 +17,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
