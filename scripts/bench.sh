@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs the inbox-bench benchmark (tests crate) against a fresh `inbox_bench` database, after
+# building and installing the extension. Arguments are passed to inbox-bench.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source-path=SCRIPTDIR/..
+source scripts/lib.sh
+
+banner "toolchain"
+ensure_toolchain
+banner "install the extension"
+install_extension
+banner "PostgreSQL"
+ensure_postgres
+url="$(fresh_database inbox_bench)"
+banner "inbox-bench on $url"
+DATABASE_URL="$url" cargo run --release -p inbox-tests --bin inbox-bench -- "$@"

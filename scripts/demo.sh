@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs the refunds example (client/examples/refunds.rs) against a fresh `inbox_demo` database,
+# after building and installing the extension. Arguments are passed to the example.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source-path=SCRIPTDIR/..
+source scripts/lib.sh
+
+banner "toolchain"
+ensure_toolchain
+banner "install the extension"
+install_extension
+banner "PostgreSQL"
+ensure_postgres
+url="$(fresh_database inbox_demo)"
+banner "refunds example on $url"
+DATABASE_URL="$url" cargo run --release -p inbox-client --example refunds -- "$@"

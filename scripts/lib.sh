@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Helpers sourced by the scripts in scripts/: install the toolchain, build and install the
+# extension, find or start a PostgreSQL 15 to test against, and create fresh databases in it.
+# Callers run under `set -euo pipefail`, as root (Postgres itself runs as user postgres).
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PG_CONFIG=/usr/bin/pg_config
+PG_BIN=/usr/lib/postgresql/15/bin
+PGRX_VERSION=0.18.1
+
+banner() { printf '\n\033[1m==== %s ====\033[0m\n' "$*"; }
+
+# Cleanup commands run in reverse order when the script exits, also on failure or Ctrl-C.
+_on_exit_cmds=()
+_run_on_exit() {
+  local i
+  for ((i = ${#_on_exit_cmds[@]} - 1; i >= 0; i--)); do eval "${_on_exit_cmds[i]}" || true; done
+}
+on_exit() {
+  _on_exit_cmds+=("$1")
+  trap _run_on_exit EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM HUP
+}
+
+as_postgres() { (cd / && sudo -u postgres -- "$@"); }
+
+ensure_toolchain() {
+  local pkg missing=()
+  for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo; do
+    dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    echo "installing ${missing[*]}"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+  fi
+  if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
+    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+  fi
+  if ! grep -qs '^pg15 *=' "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+    cargo pgrx init --pg15 "$PG_CONFIG"
+  fi
+}
+
+# Builds the extension from the current sources (cargo rebuilds what changed) and installs it
+# into Debian's PostgreSQL 15.
+install_extension() {
+  (cd "$REPO_ROOT/extension" && cargo pgrx install --release --pg-config "$PG_CONFIG")
+}
+
+_port_in_use() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# remove_pg_dir DIR: stops every cluster whose data directory is DIR/*, then deletes DIR.
+remove_pg_dir() {
+  local pidfile
+  for pidfile in "$1"/*/postmaster.pid; do
+    [[ -f "$pidfile" ]] || continue
+    as_postgres "$PG_BIN/pg_ctl" -D "$(dirname "$pidfile")" -m fast -w stop >/dev/null || true
+  done
+  rm -rf "$1"
+}
+
+# Uses the server on 127.0.0.1:5432 if it answers with trust auth (unless
+# INBOX_PG_FORCE_THROWAWAY=1); otherwise starts a throwaway cluster that is stopped and
+# removed when the script exits. Exports PGHOST, PGPORT, PGUSER and INBOX_PG_URL.
+ensure_postgres() {
+  export PGHOST=127.0.0.1 PGUSER=postgres PGPORT=5432
+  if [[ "${INBOX_PG_FORCE_THROWAWAY:-0}" != 1 ]] &&
+    pg_isready -q -h 127.0.0.1 -p 5432 &&
+    psql -X -w -d postgres -Atqc 'SELECT 1' </dev/null >/dev/null 2>&1; then
+    echo "using the PostgreSQL on 127.0.0.1:5432"
+  else
+    PGPORT=54329
+    while _port_in_use "$PGPORT"; do PGPORT=$((PGPORT + 1)); done
+    INBOX_PG_DIR="$(mktemp -d /tmp/inbox-pg.XXXXXX)"
+    on_exit "remove_pg_dir '$INBOX_PG_DIR'"
+    chown postgres:postgres "$INBOX_PG_DIR"
+    as_postgres "$PG_BIN/initdb" -D "$INBOX_PG_DIR/data" -U postgres --auth=trust \
+      -E UTF8 --locale=C.UTF-8 >/dev/null
+    if ! as_postgres "$PG_BIN/pg_ctl" -D "$INBOX_PG_DIR/data" -l "$INBOX_PG_DIR/log" -w \
+      -o "-p $PGPORT -k $INBOX_PG_DIR -c listen_addresses=127.0.0.1 -c max_connections=200" \
+      start >/dev/null; then
+      cat "$INBOX_PG_DIR/log" >&2
+      return 1
+    fi
+    echo "started a throwaway PostgreSQL on 127.0.0.1:$PGPORT in $INBOX_PG_DIR"
+  fi
+  export INBOX_PG_URL="postgres://postgres@127.0.0.1:$PGPORT"
+}
+
+# fresh_database NAME: (re)creates database NAME with the extension installed; prints its URL.
+fresh_database() {
+  local db=$1 psql=(psql -X -w -q -v ON_ERROR_STOP=1 -c 'SET client_min_messages = warning')
+  "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" \
+    -c "CREATE DATABASE \"$db\"" >&2
+  "${psql[@]}" -d "$db" -c 'CREATE EXTENSION inbox' >&2
+  echo "$INBOX_PG_URL/$db"
+}

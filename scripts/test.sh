@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole test suite: rustfmt, clippy, the extension's #[pg_test]s (cargo pgrx test), then the
+# workspace's integration tests against a fresh database with the extension installed.
+# Works from any directory; run as root (Postgres runs as user postgres).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source-path=SCRIPTDIR/..
+source scripts/lib.sh
+
+start=$SECONDS
+on_exit 'echo "total time: $((SECONDS - start))s"'
+
+banner "toolchain"
+ensure_toolchain
+
+banner "cargo fmt --check"
+cargo fmt --all -- --check
+
+banner "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+banner "cargo pgrx test pg15 (the extension's #[pg_test]s)"
+pgrx_pgdata="$(mktemp -d /tmp/inbox-pgrx-test.XXXXXX)"
+on_exit "remove_pg_dir '$pgrx_pgdata'"  # also stops a cluster left by an interrupted run
+chown postgres:postgres "$pgrx_pgdata"
+(cd extension && cargo pgrx test pg15 --runas postgres --pgdata "$pgrx_pgdata")
+
+banner "install the extension"
+install_extension
+
+banner "PostgreSQL for the integration tests"
+ensure_postgres
+url="$(fresh_database inbox_test)"
+
+banner "cargo test (integration tests against $url)"
+INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --release
+
+banner "all tests passed"
