@@ -24,12 +24,23 @@ pub const DATABASE_URL: &str = "DATABASE_URL";
 #[derive(Clone)]
 pub struct PgDatabase {
     pool: Pool,
+    /// The connection settings, when known: a worker opens its LISTEN connection with them.
+    config: Option<tokio_postgres::Config>,
 }
 
 impl PgDatabase {
     /// The port over an existing pool (the way to use TLS, a custom size or timeouts).
     pub fn from_pool(pool: Pool) -> Self {
-        Self { pool }
+        Self { pool, config: None }
+    }
+
+    /// The port over an existing pool whose connections use `config`; a worker built on it can
+    /// then open its own LISTEN connection and wake on enqueues instead of polling.
+    pub fn from_pool_and_config(pool: Pool, config: tokio_postgres::Config) -> Self {
+        Self {
+            pool,
+            config: Some(config),
+        }
     }
 
     /// Builds a pool (without TLS, of deadpool's default size) for the libpq-style connection
@@ -40,28 +51,41 @@ impl PgDatabase {
     /// [`ErrorKind::InvalidInput`] for a malformed string, or the error of the first connection
     /// (usually [`ErrorKind::ConnectionLost`]). The error never contains the password.
     pub async fn connect(url: &str) -> Result<Self, DbError> {
+        Self::connect_with_size(url, None).await
+    }
+
+    /// As [`connect`](Self::connect), with a pool of at most `max_size` connections (`None`:
+    /// deadpool's default). A worker needs one per concurrent delivery, plus one for heartbeats.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with_size(url: &str, max_size: Option<usize>) -> Result<Self, DbError> {
         let secrets = secrets_in(url);
-        Self::connect_unredacted(url)
+        Self::connect_unredacted(url, max_size)
             .await
             .map_err(|e| e.redacted(&secrets))
     }
 
-    async fn connect_unredacted(url: &str) -> Result<Self, DbError> {
+    async fn connect_unredacted(url: &str, max_size: Option<usize>) -> Result<Self, DbError> {
         let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
             DbError::new(ErrorKind::InvalidInput, DbError::from(e).message())
         })?;
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager)
+        let mut builder = Pool::builder(manager);
+        if let Some(max_size) = max_size {
+            builder = builder.max_size(max_size);
+        }
+        let pool = builder
             .build()
             .map_err(|e| DbError::new(ErrorKind::Other, format!("cannot build the pool: {e}")))?;
         drop(pool.get().await?);
-        Ok(Self::from_pool(pool))
+        Ok(Self::from_pool_and_config(pool, config))
     }
 
     /// [`connect`](Self::connect)s to the URL in the `DATABASE_URL` environment variable.
@@ -82,6 +106,11 @@ impl PgDatabase {
     /// The pool, e.g. to open a transaction for a [`PgTransaction`].
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// The connection settings, when the port was built from them (not from a bare pool).
+    pub fn config(&self) -> Option<&tokio_postgres::Config> {
+        self.config.as_ref()
     }
 }
 

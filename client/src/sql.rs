@@ -29,3 +29,56 @@ pub(crate) const BATCH_RELEASE: &str = "RELEASE SAVEPOINT inbox_client_batch";
 /// Undoes the batch's work and leaves the enclosing transaction usable.
 pub(crate) const BATCH_ROLLBACK: &str =
     "ROLLBACK TO SAVEPOINT inbox_client_batch; RELEASE SAVEPOINT inbox_client_batch";
+
+/// `inbox_lease(queue, max, lease)`: takes and leases due jobs (committed on its own).
+pub(crate) const QUEUE_LEASE: &str =
+    "SELECT id, attempt, token, payload, payload_bytes FROM inbox_lease($1::text::regclass, $2::int4, $3::text::interval)";
+
+/// `inbox_lock(queue, max)`: takes due jobs under the caller's transaction's row locks.
+pub(crate) const QUEUE_LOCK: &str =
+    "SELECT id, attempt, token, payload, payload_bytes FROM inbox_lock($1::text::regclass, $2::int4)";
+
+/// `inbox_ack(queue, id, token)`: finishes a job if the token is still its delivery's.
+pub(crate) const QUEUE_ACK: &str = "SELECT inbox_ack($1::text::regclass, $2::int8, $3::int8)";
+
+/// `inbox_ack(queue, ids, tokens)`: finishes many jobs; returns how many were still theirs.
+pub(crate) const QUEUE_ACK_MANY: &str =
+    "SELECT inbox_ack($1::text::regclass, $2::int8[], $3::int8[])";
+
+/// `inbox_retry(queue, id, token, delay, error, max_attempts)`.
+pub(crate) const QUEUE_RETRY: &str = "SELECT inbox_retry($1::text::regclass, $2::int8, $3::int8, \
+     make_interval(secs => $4::float8), $5::text, $6::int4)";
+
+/// `inbox_dead(queue, id, token, reason)`.
+pub(crate) const QUEUE_DEAD: &str =
+    "SELECT inbox_dead($1::text::regclass, $2::int8, $3::int8, $4::text)";
+
+/// `inbox_extend(queue, id, token, lease)`: the heartbeat.
+pub(crate) const QUEUE_EXTEND: &str =
+    "SELECT inbox_extend($1::text::regclass, $2::int8, $3::int8, $4::text::interval)";
+
+/// `inbox_stats(queue)`, the counts only.
+pub(crate) const QUEUE_STATS: &str =
+    "SELECT ready, delayed, leased, dead FROM inbox_stats($1::text::regclass)";
+
+/// `inbox_channel(queue)`: the channel to LISTEN on.
+pub(crate) const QUEUE_CHANNEL: &str = "SELECT inbox_channel($1::text::regclass)";
+
+/// `inbox_enqueue(queue, payload, run_at, key)`.
+pub(crate) const QUEUE_ENQUEUE: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
+     coalesce($3::timestamptz, now()), $4::text)";
+
+/// `inbox_create_queue(name)`.
+pub(crate) const QUEUE_CREATE: &str = "SELECT inbox_create_queue($1::text)::text";
+
+/// Bounds each statement and each idle moment of a delivery's transaction, so a stuck handler
+/// cannot hold row locks or the vacuum horizon; `{}` are milliseconds.
+pub(crate) fn delivery_timeouts(statement_ms: u128, idle_ms: u128) -> String {
+    format!(
+        "SET statement_timeout = {statement_ms}; SET idle_in_transaction_session_timeout = {idle_ms}"
+    )
+}
+
+/// Restores the session settings of a connection going back to the pool.
+pub(crate) const RESET_TIMEOUTS: &str =
+    "RESET statement_timeout; RESET idle_in_transaction_session_timeout";

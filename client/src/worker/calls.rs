@@ -1,0 +1,167 @@
+//! The worker's calls of the extension's queue functions, over a pooled connection or a
+//! transaction, each through a statement prepared once per connection.
+
+use std::time::Duration;
+
+use deadpool_postgres::GenericClient;
+use tokio_postgres::types::{FromSql, Type};
+
+use crate::error::DbError;
+use crate::sql;
+
+/// A job as `inbox_lease`/`inbox_lock` hand it over, its payload still undecoded.
+#[derive(Debug)]
+pub(crate) struct Taken {
+    pub id: i64,
+    pub attempt: i32,
+    pub token: i64,
+    pub payload: Vec<u8>,
+}
+
+/// A payload's bytes: the JSON text of a `jsonb` payload, or a `bytea` payload as stored.
+struct PayloadBytes(Vec<u8>);
+
+impl<'a> FromSql<'a> for PayloadBytes {
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        // jsonb's binary form is a version byte (1) and the JSON text.
+        match (ty, raw.split_first()) {
+            (&Type::JSONB, Some((1, text))) => Ok(PayloadBytes(text.to_vec())),
+            (&Type::JSONB, _) => Err("unsupported jsonb version".into()),
+            _ => Ok(PayloadBytes(raw.to_vec())),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        matches!(*ty, Type::JSONB | Type::BYTEA)
+    }
+}
+
+async fn take(
+    client: &impl GenericClient,
+    statement: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Taken>, DbError> {
+    let prepared = client.prepare_cached(statement).await?;
+    let rows = client.query(&prepared, params).await?;
+    rows.iter()
+        .map(|row| {
+            let json: Option<PayloadBytes> = row.try_get(3)?;
+            let bytes: Option<PayloadBytes> = row.try_get(4)?;
+            Ok(Taken {
+                id: row.try_get(0)?,
+                attempt: row.try_get(1)?,
+                token: row.try_get(2)?,
+                payload: json.or(bytes).map(|p| p.0).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// Leases up to `max` jobs for `lease` (commits with the statement when not in a transaction).
+pub(crate) async fn lease(
+    client: &impl GenericClient,
+    queue: &str,
+    max: i32,
+    lease: Duration,
+) -> Result<Vec<Taken>, DbError> {
+    take(client, sql::QUEUE_LEASE, &[&queue, &max, &interval(lease)]).await
+}
+
+/// Row-locks up to `max` jobs in the transaction `client` is in.
+pub(crate) async fn lock(
+    client: &impl GenericClient,
+    queue: &str,
+    max: i32,
+) -> Result<Vec<Taken>, DbError> {
+    take(client, sql::QUEUE_LOCK, &[&queue, &max]).await
+}
+
+async fn one_bool(
+    client: &impl GenericClient,
+    statement: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<bool, DbError> {
+    let prepared = client.prepare_cached(statement).await?;
+    Ok(client.query_one(&prepared, params).await?.try_get(0)?)
+}
+
+pub(crate) async fn ack(
+    client: &impl GenericClient,
+    queue: &str,
+    id: i64,
+    token: i64,
+) -> Result<bool, DbError> {
+    one_bool(client, sql::QUEUE_ACK, &[&queue, &id, &token]).await
+}
+
+/// Acks many jobs; returns how many were still their tokens'.
+pub(crate) async fn ack_many(
+    client: &impl GenericClient,
+    queue: &str,
+    ids: &[i64],
+    tokens: &[i64],
+) -> Result<i64, DbError> {
+    let prepared = client.prepare_cached(sql::QUEUE_ACK_MANY).await?;
+    Ok(client
+        .query_one(&prepared, &[&queue, &ids, &tokens])
+        .await?
+        .try_get(0)?)
+}
+
+pub(crate) async fn retry(
+    client: &impl GenericClient,
+    queue: &str,
+    job: (i64, i64),
+    delay: Duration,
+    error: Option<&str>,
+    max_attempts: Option<i32>,
+) -> Result<bool, DbError> {
+    let seconds = delay.as_secs_f64();
+    one_bool(
+        client,
+        sql::QUEUE_RETRY,
+        &[&queue, &job.0, &job.1, &seconds, &error, &max_attempts],
+    )
+    .await
+}
+
+pub(crate) async fn dead(
+    client: &impl GenericClient,
+    queue: &str,
+    job: (i64, i64),
+    reason: &str,
+) -> Result<bool, DbError> {
+    one_bool(client, sql::QUEUE_DEAD, &[&queue, &job.0, &job.1, &reason]).await
+}
+
+pub(crate) async fn extend(
+    client: &impl GenericClient,
+    queue: &str,
+    job: (i64, i64),
+    lease: Duration,
+) -> Result<bool, DbError> {
+    one_bool(
+        client,
+        sql::QUEUE_EXTEND,
+        &[&queue, &job.0, &job.1, &interval(lease)],
+    )
+    .await
+}
+
+/// Whether the queue has nothing ready, leased or delayed (dead jobs do not count).
+pub(crate) async fn is_idle(client: &impl GenericClient, queue: &str) -> Result<bool, DbError> {
+    let prepared = client.prepare_cached(sql::QUEUE_STATS).await?;
+    let row = client.query_one(&prepared, &[&queue]).await?;
+    let (ready, delayed, leased): (i64, i64, i64) =
+        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    Ok(ready + delayed + leased == 0)
+}
+
+/// An interval as text PostgreSQL parses (`'1.5 seconds'`), since tokio-postgres has no
+/// `interval` type.
+fn interval(duration: Duration) -> String {
+    format!("{} microseconds", duration.as_micros())
+}

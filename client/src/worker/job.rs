@@ -1,0 +1,143 @@
+//! What a handler receives and returns.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::database::Database;
+
+/// One delivery of a job: its payload decoded from JSON, and which delivery this is.
+#[derive(Clone, Debug)]
+pub struct Job<T> {
+    /// The job's id in its queue table.
+    pub id: i64,
+    /// Deliveries so far, this one included (1 on the first).
+    pub attempt: i32,
+    /// The payload, decoded.
+    pub payload: T,
+}
+
+/// What becomes of a job after its handler ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done: the job is deleted (in transactional mode, in the commit of the handler's writes).
+    Ack,
+    /// Run it again after a delay; `None` takes the delay from the worker's
+    /// [`RetryPolicy`](super::RetryPolicy). Past `max_attempts` the job is dead-lettered instead.
+    Retry {
+        /// The delay before the next delivery, or `None` for the policy's backoff.
+        after: Option<Duration>,
+        /// Recorded in the job's `last_error`.
+        reason: Option<String>,
+    },
+    /// Dead-letter the job: it stays in the table, with `reason`, for an operator.
+    Dead {
+        /// Recorded in the job's `last_error`.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// The job is done.
+    pub fn ack() -> Self {
+        Outcome::Ack
+    }
+
+    /// Run the job again after the policy's backoff (the attempt counts).
+    pub fn retry() -> Self {
+        Outcome::Retry {
+            after: None,
+            reason: None,
+        }
+    }
+
+    /// Run the job again after `delay` (the attempt counts).
+    pub fn retry_after(delay: Duration) -> Self {
+        Outcome::Retry {
+            after: Some(delay),
+            reason: None,
+        }
+    }
+
+    /// Dead-letter the job with `reason`; it will not run again.
+    pub fn dead(reason: impl Into<String>) -> Self {
+        Outcome::Dead {
+            reason: reason.into(),
+        }
+    }
+
+    /// Drop the job (a duplicate, an invalid request): the same as [`dead`](Self::dead), so the
+    /// job stays visible to an operator rather than vanishing.
+    pub fn drop(reason: impl Into<String>) -> Self {
+        Self::dead(reason)
+    }
+}
+
+/// A handler's error: the delivery is retried like [`Outcome::retry`], its writes rolled back.
+pub type HandlerError = Box<dyn StdError + Send + Sync>;
+
+/// What a handler returns.
+pub type HandlerResult = Result<Outcome, HandlerError>;
+
+/// A boxed, sendable future borrowing for `'a`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A handler that writes through its delivery's transaction: what it writes through `tx`
+/// commits together with the job's settlement on [`Outcome::Ack`], and not at all otherwise.
+///
+/// Any `Fn(Job<T>, &dyn Database) -> BoxFuture<HandlerResult>` is one; wrap a closure in
+/// [`transactional`] to help type inference:
+///
+/// ```
+/// use inbox_client::worker::{transactional, Outcome};
+/// use inbox_client::{Database, Statement};
+///
+/// let handler = transactional(|job: inbox_client::worker::Job<i64>, tx: &dyn Database| {
+///     Box::pin(async move {
+///         tx.execute(&Statement::new("INSERT INTO done (n) VALUES ($1)").bind(job.payload))
+///             .await?;
+///         Ok(Outcome::ack())
+///     })
+/// });
+/// # let _ = handler;
+/// ```
+pub trait TxHandler<T>: Send + Sync + 'static {
+    /// Handles one delivery, writing through `tx`.
+    fn handle<'a>(&'a self, job: Job<T>, tx: &'a dyn Database) -> BoxFuture<'a, HandlerResult>;
+}
+
+impl<T, F> TxHandler<T> for F
+where
+    F: for<'a> Fn(Job<T>, &'a dyn Database) -> BoxFuture<'a, HandlerResult> + Send + Sync + 'static,
+{
+    fn handle<'a>(&'a self, job: Job<T>, tx: &'a dyn Database) -> BoxFuture<'a, HandlerResult> {
+        self(job, tx)
+    }
+}
+
+/// Gives a closure the signature of a [`TxHandler`] (closures borrowing an argument need it
+/// spelled out).
+pub fn transactional<T, F>(handler: F) -> F
+where
+    F: for<'a> Fn(Job<T>, &'a dyn Database) -> BoxFuture<'a, HandlerResult> + Send + Sync + 'static,
+{
+    handler
+}
+
+/// A handler that needs no transaction (plain mode): it may write through a pool of its own,
+/// and those writes commit on their own whatever the outcome.
+pub trait Handler<T>: Send + Sync + 'static {
+    /// Handles one delivery.
+    fn handle(&self, job: Job<T>) -> BoxFuture<'static, HandlerResult>;
+}
+
+impl<T, F, Fut> Handler<T> for F
+where
+    F: Fn(Job<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'static,
+{
+    fn handle(&self, job: Job<T>) -> BoxFuture<'static, HandlerResult> {
+        Box::pin(self(job))
+    }
+}

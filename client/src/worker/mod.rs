@@ -1,0 +1,478 @@
+//! Workers that lease jobs through the extension, run a handler, and settle each job.
+//!
+//! Build one with [`Worker::transactional`] (the handler writes through its delivery's
+//! transaction, and those writes commit with the job's settlement: effects that are rows in the
+//! queue's database happen exactly once) or [`Worker::plain`] (no transaction: the throughput
+//! mode, for handlers whose effects are elsewhere, which are at least once and need an
+//! idempotency key). Then [`start`](Worker::start) it, or run it to completion in a test with
+//! [`run_until_idle`](Worker::run_until_idle).
+//!
+//! # Which claim to use
+//!
+//! - [`Claim::Lease`] (the default) commits a lease first (`inbox_lease`): the attempt is
+//!   counted even if the process dies, so a job that crashes its worker is dead-lettered after
+//!   `max_attempts` instead of crashing workers forever. The handler's transaction holds no
+//!   lock while the lease is being taken, a heartbeat extends the lease while the handler runs,
+//!   and settlement is fenced by the lease's token, so a handler that lost its lease (a long
+//!   pause, a partition) commits nothing. It costs one more transaction per group.
+//! - [`Claim::Lock`] takes the jobs with `inbox_lock` inside the handler's transaction: lease,
+//!   work and settlement are one transaction, the cheapest form. A crash rolls everything back,
+//!   attempt included, and the row lock is held for the whole handler: use it for short
+//!   handlers that cannot crash the process.
+//!
+//! In both forms a transactional worker may commit several deliveries at once
+//! ([`group_size`](Worker::group_size)): each runs in a savepoint of one transaction, a failed
+//! one rolls back only its own writes and is settled for retry, and the group commits once.
+
+mod calls;
+mod heartbeat;
+mod job;
+mod listen;
+mod plain;
+mod policy;
+mod transactional;
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::DbError;
+use crate::pg::PgDatabase;
+
+pub use job::{
+    transactional, BoxFuture, Handler, HandlerError, HandlerResult, Job, Outcome, TxHandler,
+};
+pub use policy::RetryPolicy;
+
+/// How a worker takes its jobs; see the [module documentation](self) for which to choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Claim {
+    /// A committed lease (`inbox_lease`), extended by a heartbeat and fenced by its token.
+    #[default]
+    Lease,
+    /// A row lock held by the delivery's transaction (`inbox_lock`); transactional mode only.
+    Lock,
+}
+
+/// Counts of what a worker did, since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Jobs finished (in transactional mode: committed with their handler's writes).
+    pub acked: u64,
+    /// Deliveries settled for another attempt.
+    pub retried: u64,
+    /// Jobs dead-lettered: by the handler, past `max_attempts`, or with a payload that does not
+    /// decode.
+    pub dead: u64,
+    /// Deliveries whose handler failed (an error or a panic); each is also retried or dead.
+    pub failed: u64,
+    /// Deliveries whose settlement was refused because another worker had taken the job since
+    /// (their writes were rolled back).
+    pub lost: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    acked: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+    failed: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, tally: &WorkerStats) {
+        self.acked.fetch_add(tally.acked, Ordering::Relaxed);
+        self.retried.fetch_add(tally.retried, Ordering::Relaxed);
+        self.dead.fetch_add(tally.dead, Ordering::Relaxed);
+        self.failed.fetch_add(tally.failed, Ordering::Relaxed);
+        self.lost.fetch_add(tally.lost, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> WorkerStats {
+        WorkerStats {
+            acked: self.acked.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead: self.dead.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A worker's settings.
+#[derive(Clone, Debug)]
+struct Settings {
+    workers: usize,
+    lease: Duration,
+    heartbeat: bool,
+    retry: RetryPolicy,
+    claim: Claim,
+    group_size: usize,
+    batch_size: usize,
+    poll_interval: Duration,
+    statement_timeout: Duration,
+    idle_in_transaction_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            lease: Duration::from_secs(30),
+            heartbeat: true,
+            retry: RetryPolicy::default(),
+            claim: Claim::Lease,
+            group_size: 1,
+            batch_size: 100,
+            poll_interval: Duration::from_millis(500),
+            statement_timeout: Duration::from_secs(30),
+            idle_in_transaction_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+enum Mode<T> {
+    Transactional(Arc<dyn TxHandler<T>>),
+    Plain(Arc<dyn Handler<T>>),
+}
+
+/// What every task of a running worker shares.
+struct Shared {
+    db: PgDatabase,
+    queue: String,
+    settings: Settings,
+    counters: Counters,
+    /// Wakes one idle task: a NOTIFY arrived, or a task found work and there may be more.
+    wake: Notify,
+    stop: CancellationToken,
+    /// Leased jobs being worked on (id → token): what the heartbeat extends, and what a
+    /// shutdown releases if their handlers had to be abandoned.
+    in_flight: Mutex<HashMap<i64, i64>>,
+}
+
+impl Shared {
+    fn hold(&self, jobs: impl IntoIterator<Item = (i64, i64)>) {
+        if let Ok(mut held) = self.in_flight.lock() {
+            held.extend(jobs);
+        }
+    }
+
+    fn release(&self, ids: impl IntoIterator<Item = i64>) {
+        if let Ok(mut held) = self.in_flight.lock() {
+            for id in ids {
+                held.remove(&id);
+            }
+        }
+    }
+
+    /// Sleeps until woken, the poll interval passes, or the worker stops.
+    async fn idle(&self) {
+        tokio::select! {
+            _ = self.wake.notified() => {}
+            _ = tokio::time::sleep(self.settings.poll_interval) => {}
+            _ = self.stop.cancelled() => {}
+        }
+    }
+
+    /// Pauses after an error, so a database that is down is not hammered.
+    async fn back_off(&self, error: &DbError) {
+        tracing::warn!(queue = %self.queue, %error, "worker error; retrying shortly");
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = self.stop.cancelled() => {}
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(&self, payload: &[u8]) -> Result<T, String> {
+        serde_json::from_slice(payload).map_err(|e| format!("payload does not decode: {e}"))
+    }
+}
+
+/// Runs a handler future, turning an error or a panic into a retry.
+async fn run_handler(future: BoxFuture<'_, HandlerResult>) -> (Outcome, bool) {
+    match std::panic::AssertUnwindSafe(future).catch_unwind().await {
+        Ok(Ok(outcome)) => (outcome, false),
+        Ok(Err(error)) => (
+            Outcome::Retry {
+                after: None,
+                reason: Some(error.to_string()),
+            },
+            true,
+        ),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "the handler panicked".to_owned());
+            (
+                Outcome::Retry {
+                    after: None,
+                    reason: Some(format!("panic: {message}")),
+                },
+                true,
+            )
+        }
+    }
+}
+
+/// A worker for one queue table, not yet started.
+pub struct Worker<T> {
+    db: PgDatabase,
+    queue: String,
+    settings: Settings,
+    mode: Mode<T>,
+    _payload: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned + Send + 'static> Worker<T> {
+    /// A worker whose handler writes through each delivery's transaction, committed with the
+    /// job's settlement on [`Outcome::Ack`] and rolled back otherwise.
+    pub fn transactional(
+        db: PgDatabase,
+        queue: impl Into<String>,
+        handler: impl TxHandler<T>,
+    ) -> Self {
+        Self::new(db, queue, Mode::Transactional(Arc::new(handler)))
+    }
+
+    /// A worker whose handler needs no transaction: jobs are leased and acked in batches.
+    pub fn plain(db: PgDatabase, queue: impl Into<String>, handler: impl Handler<T>) -> Self {
+        Self::new(db, queue, Mode::Plain(Arc::new(handler)))
+    }
+
+    fn new(db: PgDatabase, queue: impl Into<String>, mode: Mode<T>) -> Self {
+        Self {
+            db,
+            queue: queue.into(),
+            settings: Settings::default(),
+            mode,
+            _payload: PhantomData,
+        }
+    }
+
+    /// How many deliveries run at once (default 4). A transactional worker holds one pooled
+    /// connection per delivery, and the heartbeat one more: size the pool above this.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.settings.workers = n.max(1);
+        self
+    }
+
+    /// How long a lease lasts before another worker may take the job (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.settings.lease = lease.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether leases are extended while their handlers run (default on; every third of the lease).
+    pub fn heartbeat(mut self, on: bool) -> Self {
+        self.settings.heartbeat = on;
+        self
+    }
+
+    /// The backoff and attempt limit for failed deliveries.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.settings.retry = policy;
+        self
+    }
+
+    /// How a transactional worker takes its jobs (plain workers always lease).
+    pub fn claim(mut self, claim: Claim) -> Self {
+        self.settings.claim = claim;
+        self
+    }
+
+    /// Deliveries committed together by a transactional worker (default 1: a commit per job).
+    pub fn group_size(mut self, n: usize) -> Self {
+        self.settings.group_size = n.max(1);
+        self
+    }
+
+    /// The most jobs a plain worker leases in one call, and acks in one call (default 100).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.settings.batch_size = n.max(1);
+        self
+    }
+
+    /// How often idle workers look for jobs without being woken by NOTIFY (default 500 ms); it
+    /// also bounds how late a delayed job or retry starts.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.poll_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The `statement_timeout` of the worker's connections (default 30 s).
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.statement_timeout = timeout;
+        self
+    }
+
+    /// The `idle_in_transaction_session_timeout` of the worker's connections (default 60 s): a
+    /// handler that keeps its transaction open without using it for longer loses its
+    /// connection, its writes and its delivery, which is retried.
+    pub fn idle_in_transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.idle_in_transaction_timeout = timeout;
+        self
+    }
+
+    /// Starts the worker's tasks on the current tokio runtime.
+    pub fn start(self) -> WorkerHandle {
+        let shared = Arc::new(Shared {
+            db: self.db,
+            queue: self.queue,
+            settings: self.settings,
+            counters: Counters::default(),
+            wake: Notify::new(),
+            stop: CancellationToken::new(),
+            in_flight: Mutex::new(HashMap::new()),
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(listen::run(shared.clone()));
+        let leases = shared.settings.claim == Claim::Lease || matches!(self.mode, Mode::Plain(_));
+        if leases && shared.settings.heartbeat {
+            tasks.spawn(heartbeat::run(shared.clone()));
+        }
+        match self.mode {
+            Mode::Transactional(handler) => {
+                for _ in 0..shared.settings.workers {
+                    tasks.spawn(transactional::run(shared.clone(), handler.clone()));
+                }
+            }
+            Mode::Plain(handler) => {
+                tasks.spawn(plain::run(shared.clone(), handler));
+            }
+        }
+        WorkerHandle { shared, tasks }
+    }
+
+    /// Runs the worker until its queue has nothing ready, delayed or leased (dead jobs aside),
+    /// then shuts it down: a helper for tests. Delayed jobs and retries are waited for, so use
+    /// short retry delays in tests.
+    ///
+    /// # Errors
+    /// The database's error when the queue cannot be read.
+    pub async fn run_until_idle(self) -> Result<WorkerStats, DbError> {
+        let handle = self.start();
+        let idle = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let client = handle.shared.db.pool().get().await?;
+                if calls::is_idle(&client, &handle.shared.queue).await? {
+                    return Ok::<(), DbError>(());
+                }
+            }
+        };
+        let result = idle.await;
+        let stats = handle.shutdown(Duration::from_secs(30)).await;
+        result.map(|()| stats)
+    }
+}
+
+/// A running worker.
+pub struct WorkerHandle {
+    shared: Arc<Shared>,
+    tasks: JoinSet<()>,
+}
+
+impl WorkerHandle {
+    /// What the worker has done so far.
+    pub fn stats(&self) -> WorkerStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Stops taking jobs, lets the deliveries in progress finish within `deadline`, then
+    /// abandons those still running and releases their leases (they run again, with their
+    /// attempt counted), so nothing stays leased that is not running. Returns the final counts.
+    pub async fn shutdown(mut self, deadline: Duration) -> WorkerStats {
+        self.shared.stop.cancel();
+        let drained = tokio::time::timeout(deadline, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(queue = %self.shared.queue, "shutdown deadline passed; abandoning deliveries");
+            self.tasks.shutdown().await;
+        }
+        release_abandoned(&self.shared).await;
+        self.shared.counters.snapshot()
+    }
+}
+
+/// Makes the leased jobs whose handlers were abandoned due again now.
+async fn release_abandoned(shared: &Shared) {
+    let abandoned: Vec<(i64, i64)> = match shared.in_flight.lock() {
+        Ok(mut held) => held.drain().collect(),
+        Err(_) => return,
+    };
+    if abandoned.is_empty() {
+        return;
+    }
+    let Ok(client) = shared.db.pool().get().await else {
+        tracing::warn!(queue = %shared.queue, jobs = abandoned.len(), "cannot release abandoned leases; they expire on their own");
+        return;
+    };
+    for job in abandoned {
+        let released = calls::retry(
+            &client,
+            &shared.queue,
+            job,
+            Duration::ZERO,
+            Some("abandoned at shutdown"),
+            None,
+        )
+        .await;
+        if let Err(error) = released {
+            tracing::warn!(queue = %shared.queue, id = job.0, %error, "cannot release an abandoned lease");
+        }
+    }
+}
+
+/// Settles a delivery that was not acked (retry, or dead-letter) through `client`, counting it in
+/// `tally`; `false` when the token was no longer the job's.
+async fn settle_failure(
+    shared: &Shared,
+    client: &impl deadpool_postgres::GenericClient,
+    job: &calls::Taken,
+    outcome: Outcome,
+    tally: &mut WorkerStats,
+) -> Result<bool, DbError> {
+    let fence = (job.id, job.token);
+    match outcome {
+        Outcome::Ack => Ok(true),
+        Outcome::Dead { reason } => {
+            let applied = calls::dead(client, &shared.queue, fence, &reason).await?;
+            tally.dead += u64::from(applied);
+            Ok(applied)
+        }
+        Outcome::Retry { after, reason } => {
+            let policy = &shared.settings.retry;
+            let delay = after.unwrap_or_else(|| policy.delay(job.attempt));
+            let applied = calls::retry(
+                client,
+                &shared.queue,
+                fence,
+                delay,
+                reason.as_deref(),
+                policy.max_attempts,
+            )
+            .await?;
+            if applied {
+                if policy.max_attempts.is_some_and(|max| job.attempt >= max) {
+                    tally.dead += 1;
+                } else {
+                    tally.retried += 1;
+                }
+            }
+            Ok(applied)
+        }
+    }
+}
