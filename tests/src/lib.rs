@@ -103,6 +103,12 @@ impl TestDb {
         &self.url
     }
 
+    /// The connection settings of this test's connections (schema included), e.g. for
+    /// `PgDatabase::from_pool_and_config`, whose workers LISTEN with them.
+    pub fn config(&self) -> tokio_postgres::Config {
+        self.config.clone()
+    }
+
     /// The name of this test's schema (a plain lower-case identifier, safe to format into SQL).
     pub fn schema(&self) -> &str {
         &self.schema
