@@ -87,6 +87,29 @@ impl Queue {
         rows.one()?.get::<Option<i64>>("inbox_enqueue")
     }
 
+    /// Enqueues every payload of `payloads` in one statement, due now, in order; returns the
+    /// new jobs' ids.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] when a payload does not serialize to JSON, or the database's
+    /// error.
+    pub async fn enqueue_batch<T: Serialize>(
+        &self,
+        db: &dyn Database,
+        payloads: &[T],
+    ) -> Result<Vec<i64>, DbError> {
+        let json = serde_json::to_value(payloads)
+            .map_err(|e| DbError::new(ErrorKind::InvalidInput, format!("payloads: {e}")))?;
+        let statement = Statement::new(sql::QUEUE_ENQUEUE_BATCH)
+            .bind(self.table.as_str())
+            .bind(json);
+        db.query(&statement)
+            .await?
+            .iter()
+            .map(|row| row.get::<i64>("id"))
+            .collect()
+    }
+
     /// The queue's counts by state.
     ///
     /// # Errors

@@ -82,3 +82,8 @@ pub(crate) fn delivery_timeouts(statement_ms: u128, idle_ms: u128) -> String {
 /// Restores the session settings of a connection going back to the pool.
 pub(crate) const RESET_TIMEOUTS: &str =
     "RESET statement_timeout; RESET idle_in_transaction_session_timeout";
+
+/// `inbox_enqueue_batch(queue, payloads)`, the payloads given as one JSON array.
+pub(crate) const QUEUE_ENQUEUE_BATCH: &str =
+    "SELECT id FROM inbox_enqueue_batch($1::text::regclass, \
+     ARRAY(SELECT jsonb_array_elements($2::jsonb))) AS id";
