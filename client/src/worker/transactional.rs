@@ -43,12 +43,12 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
                 }
             }
             Err(error) => {
-                // A connection in doubt is not reused; the pool replaces it.
-                if error.kind() != ErrorKind::ConnectionLost {
-                    let _ = client.batch_execute(sql::RESET_TIMEOUTS).await;
-                    connection = Some(client);
-                } else {
+                // The failed transaction was rolled back when dropped; a connection in doubt is
+                // not reused, and the pool replaces it.
+                if error.kind() == ErrorKind::ConnectionLost {
                     drop(Object::take(client));
+                } else {
+                    connection = Some(client);
                 }
                 shared.back_off(&error).await;
             }
