@@ -87,3 +87,16 @@ pub(crate) const RESET_TIMEOUTS: &str =
 pub(crate) const QUEUE_ENQUEUE_BATCH: &str =
     "SELECT id FROM inbox_enqueue_batch($1::text::regclass, \
      ARRAY(SELECT jsonb_array_elements($2::jsonb))) AS id";
+
+/// The statements with which a worker drives a delivery's transaction itself, so that they can
+/// share round trips with its other statements.
+pub(crate) const BEGIN: &str = "BEGIN";
+pub(crate) const COMMIT: &str = "COMMIT";
+pub(crate) const ROLLBACK: &str = "ROLLBACK";
+/// Each delivery of a group runs in this savepoint.
+pub(crate) const SAVEPOINT: &str = "SAVEPOINT inbox_delivery";
+/// Keeps the previous delivery's writes and opens the next delivery's savepoint.
+pub(crate) const NEXT_SAVEPOINT: &str =
+    "RELEASE SAVEPOINT inbox_delivery; SAVEPOINT inbox_delivery";
+/// Undoes a delivery's writes, keeping the transaction (and its row locks) for its settlement.
+pub(crate) const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT inbox_delivery";

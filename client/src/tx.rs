@@ -18,22 +18,51 @@ use crate::statement::Statement;
 enum Handle<'a> {
     Pooled(&'a deadpool_postgres::Transaction<'a>),
     Plain(&'a tokio_postgres::Transaction<'a>),
+    /// A pooled connection on which the caller began the transaction with its own `BEGIN`.
+    Began(&'a deadpool_postgres::Client),
 }
 
 impl<'a> Handle<'a> {
-    fn tx(self) -> &'a tokio_postgres::Transaction<'a> {
-        match self {
-            Handle::Pooled(tx) => tx,
-            Handle::Plain(tx) => tx,
-        }
-    }
-
     /// Prepares `sql`, through the connection's statement cache when it has one.
     async fn prepare(self, sql: &str) -> Result<tokio_postgres::Statement, DbError> {
         Ok(match self {
             Handle::Pooled(tx) => tx.prepare_cached(sql).await?,
             Handle::Plain(tx) => tx.prepare(sql).await?,
+            Handle::Began(client) => client.prepare_cached(sql).await?,
         })
+    }
+
+    async fn execute(
+        self,
+        prepared: &tokio_postgres::Statement,
+        statement: &Statement,
+    ) -> Result<u64, DbError> {
+        match self {
+            Handle::Pooled(tx) => execute_prepared(&**tx, prepared, statement).await,
+            Handle::Plain(tx) => execute_prepared(tx, prepared, statement).await,
+            Handle::Began(client) => execute_prepared(&***client, prepared, statement).await,
+        }
+    }
+
+    async fn query(
+        self,
+        prepared: &tokio_postgres::Statement,
+        statement: &Statement,
+    ) -> Result<Rows, DbError> {
+        match self {
+            Handle::Pooled(tx) => query_prepared(&**tx, prepared, statement).await,
+            Handle::Plain(tx) => query_prepared(tx, prepared, statement).await,
+            Handle::Began(client) => query_prepared(&***client, prepared, statement).await,
+        }
+    }
+
+    async fn batch_execute(self, sql: &str) -> Result<(), DbError> {
+        match self {
+            Handle::Pooled(tx) => tx.batch_execute(sql).await?,
+            Handle::Plain(tx) => tx.batch_execute(sql).await?,
+            Handle::Began(client) => client.batch_execute(sql).await?,
+        }
+        Ok(())
     }
 }
 
@@ -81,6 +110,13 @@ impl<'a> PgTransaction<'a> {
         Self::with_handle(Handle::Plain(tx))
     }
 
+    /// The port over a pooled connection on which the caller has begun a transaction with its
+    /// own `BEGIN` and will end it (the worker does, to send its statements in fewer round
+    /// trips). Statements are prepared through the connection's cache.
+    pub fn in_transaction(client: &'a deadpool_postgres::Client) -> Self {
+        Self::with_handle(Handle::Began(client))
+    }
+
     fn with_handle(handle: Handle<'a>) -> Self {
         Self {
             handle,
@@ -92,7 +128,7 @@ impl<'a> PgTransaction<'a> {
     /// Rolls back the savepoint of a cancelled batch, if there is one.
     async fn restore(&self) -> Result<(), DbError> {
         if self.pending_rollback.swap(false, Ordering::SeqCst) {
-            self.handle.tx().batch_execute(sql::BATCH_ROLLBACK).await?;
+            self.handle.batch_execute(sql::BATCH_ROLLBACK).await?;
         }
         Ok(())
     }
@@ -102,7 +138,7 @@ impl<'a> PgTransaction<'a> {
     pub(crate) async fn run_all(&self, statements: &[Statement]) -> Result<(), DbError> {
         for statement in statements {
             let prepared = self.handle.prepare(statement.sql()).await?;
-            execute_prepared(self.handle.tx(), &prepared, statement).await?;
+            self.handle.execute(&prepared, statement).await?;
         }
         Ok(())
     }
@@ -125,6 +161,7 @@ impl fmt::Debug for PgTransaction<'_> {
         let kind = match self.handle {
             Handle::Pooled(_) => "deadpool",
             Handle::Plain(_) => "tokio-postgres",
+            Handle::Began(_) => "deadpool, begun by the caller",
         };
         f.debug_struct("PgTransaction")
             .field("transaction", &kind)
@@ -156,7 +193,7 @@ impl Database for PgTransaction<'_> {
         let _serial = self.serial.lock().await;
         self.restore().await?;
         let prepared = self.handle.prepare(statement.sql()).await?;
-        execute_prepared(self.handle.tx(), &prepared, statement).await
+        self.handle.execute(&prepared, statement).await
     }
 
     async fn query(&self, statement: &Statement) -> Result<Rows, DbError> {
@@ -164,7 +201,7 @@ impl Database for PgTransaction<'_> {
         let _serial = self.serial.lock().await;
         self.restore().await?;
         let prepared = self.handle.prepare(statement.sql()).await?;
-        query_prepared(self.handle.tx(), &prepared, statement).await
+        self.handle.query(&prepared, statement).await
     }
 
     async fn batch_atomic(&self, statements: &[Statement]) -> Result<(), DbError> {
@@ -174,7 +211,7 @@ impl Database for PgTransaction<'_> {
         }
         let _serial = self.serial.lock().await;
         self.restore().await?;
-        let tx = self.handle.tx();
+        let tx = self.handle;
         tx.batch_execute(sql::BATCH_SAVEPOINT).await?;
         let mut armed = Armed(Some(&self.pending_rollback));
         match self.run_all(statements).await {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use deadpool_postgres::{Object, Transaction};
+use deadpool_postgres::Object;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
@@ -19,22 +19,21 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
     shared: Arc<Shared>,
     handler: Arc<dyn TxHandler<T>>,
 ) {
-    let mut connection: Option<Object> = None;
+    let mut connection: Option<SlotConnection> = None;
     while !shared.stop.is_cancelled() {
-        let client = match connection.take() {
-            Some(client) => client,
+        let mut conn = match connection.take() {
+            Some(conn) => conn,
             None => match open(&shared).await {
-                Ok(client) => client,
+                Ok(conn) => conn,
                 Err(error) => {
                     shared.back_off(&error).await;
                     continue;
                 }
             },
         };
-        let mut client = client;
-        match run_group(&shared, &handler, &mut client).await {
+        match run_group(&shared, &handler, &mut conn).await {
             Ok(found) => {
-                connection = Some(client);
+                connection = Some(conn);
                 if found {
                     // There may be more: let another idle slot look too.
                     shared.wake.notify_one();
@@ -43,24 +42,23 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
                 }
             }
             Err(error) => {
-                // The failed transaction was rolled back when dropped; a connection in doubt is
-                // not reused, and the pool replaces it.
-                if error.kind() == ErrorKind::ConnectionLost {
-                    drop(Object::take(client));
-                } else {
-                    connection = Some(client);
+                // A failed group's transaction is rolled back; a connection in doubt is not
+                // reused (dropped in a transaction, it is closed), and the pool replaces it.
+                let rolled_back = !conn.in_transaction
+                    || (error.kind() != ErrorKind::ConnectionLost
+                        && conn.client().batch_execute(sql::ROLLBACK).await.is_ok());
+                if rolled_back {
+                    conn.in_transaction = false;
+                    connection = Some(conn);
                 }
                 shared.back_off(&error).await;
             }
         }
     }
-    if let Some(client) = connection {
-        let _ = client.batch_execute(sql::RESET_TIMEOUTS).await;
-    }
 }
 
 /// A pooled connection, held by this slot, with the delivery timeouts set on its session.
-async fn open(shared: &Shared) -> Result<Object, DbError> {
+async fn open(shared: &Shared) -> Result<SlotConnection, DbError> {
     let client = shared.db.pool().get().await?;
     let settings = &shared.settings;
     client
@@ -69,138 +67,244 @@ async fn open(shared: &Shared) -> Result<Object, DbError> {
             settings.idle_in_transaction_timeout.as_millis(),
         ))
         .await?;
-    Ok(client)
+    Ok(SlotConnection {
+        client: Some(client),
+        in_transaction: false,
+    })
 }
 
 /// Takes and runs one group; `Ok(false)` when there was nothing to take.
+///
+/// The transaction is driven with plain `BEGIN`/`SAVEPOINT`/`COMMIT` statements so that they can
+/// share round trips: a lock is taken in the round trip of its `BEGIN`, and a lease of a single
+/// delivery needs no savepoint at all (a failure rolls the whole transaction back and settles the
+/// job after it). Each delivery then costs what the same transaction written by hand costs.
 async fn run_group<T: DeserializeOwned + Send + 'static>(
     shared: &Shared,
     handler: &Arc<dyn TxHandler<T>>,
-    client: &mut Object,
+    conn: &mut SlotConnection,
 ) -> Result<bool, DbError> {
     let group = shared.settings.group_size as i32;
     let queue = shared.queue.as_str();
     match shared.settings.claim {
         Claim::Lease => {
-            let jobs = calls::lease(&*client, queue, group, shared.settings.lease).await?;
+            let jobs = calls::lease(conn.client(), queue, group, shared.settings.lease).await?;
             if jobs.is_empty() {
                 return Ok(false);
             }
             let ids: Vec<i64> = jobs.iter().map(|job| job.id).collect();
             shared.hold(jobs.iter().map(|job| (job.id, job.token)));
+            let savepoints = jobs.len() > 1;
             let result = async {
-                let tx = client.transaction().await?;
-                commit_group(shared, handler, tx, jobs).await
+                let mut tx = Tx::begin(conn, savepoints).await?;
+                tx.run(shared, handler, jobs).await
             }
             .await;
             shared.release(ids);
             result.map(|()| true)
         }
         Claim::Lock => {
-            let tx = client.transaction().await?;
-            let jobs = calls::lock(&tx, queue, group).await?;
+            // The lock needs the transaction: BEGIN goes first in the same round trip.
+            conn.in_transaction = true;
+            let client = conn.client();
+            let (begun, jobs) = tokio::join!(
+                client.batch_execute(sql::BEGIN),
+                calls::lock(client, queue, group)
+            );
+            let mut tx = Tx {
+                conn,
+                savepoints: true,
+                savepoint_open: false,
+            };
+            begun?;
+            let jobs = jobs?;
             if jobs.is_empty() {
-                tx.rollback().await?;
+                tx.end(sql::ROLLBACK).await?;
                 return Ok(false);
             }
-            commit_group(shared, handler, tx, jobs).await.map(|()| true)
+            tx.run(shared, handler, jobs).await.map(|()| true)
         }
     }
 }
 
-/// Delivers each job in its savepoint of `tx`, then commits; the counts are added only once the
-/// commit succeeded.
-async fn commit_group<T: DeserializeOwned + Send + 'static>(
-    shared: &Shared,
-    handler: &Arc<dyn TxHandler<T>>,
-    mut tx: Transaction<'_>,
-    jobs: Vec<Taken>,
-) -> Result<(), DbError> {
-    let mut tally = WorkerStats::default();
-    for job in jobs {
-        let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
-        deliver(shared, handler, &mut tx, job, &mut tally)
-            .instrument(span)
-            .await?;
-    }
-    tx.commit().await?;
-    shared.counters.add(&tally);
-    Ok(())
+/// The pooled connection a slot holds. Dropped in the middle of a transaction (the worker
+/// abandoned it at shutdown), it closes the connection rather than return it to the pool still in
+/// the transaction; the server then rolls the transaction back.
+struct SlotConnection {
+    client: Option<Object>,
+    in_transaction: bool,
 }
 
-async fn deliver<T: DeserializeOwned + Send + 'static>(
-    shared: &Shared,
-    handler: &Arc<dyn TxHandler<T>>,
-    tx: &mut Transaction<'_>,
-    job: Taken,
-    tally: &mut WorkerStats,
-) -> Result<(), DbError> {
-    let queue = shared.queue.as_str();
-    let fence = (job.id, job.token);
-    let payload = match shared.decode::<T>(&job.payload) {
-        Ok(payload) => payload,
-        Err(reason) => {
-            tracing::warn!(%reason, "dead-lettering a payload that does not decode");
-            return settle(shared, tx, &job, Outcome::Dead { reason }, tally).await;
-        }
-    };
-    let savepoint = tx.savepoint("inbox_delivery").await?;
-    let (outcome, failed) = {
-        let port = PgTransaction::new(&savepoint);
-        run_handler(handler.handle(
-            Job {
-                id: job.id,
-                attempt: job.attempt,
-                payload,
-            },
-            &port,
-        ))
-        .await
-    };
-    if failed {
-        tally.failed += 1;
+impl SlotConnection {
+    fn client(&self) -> &Object {
+        self.client
+            .as_ref()
+            .expect("a slot connection holds its client until dropped")
     }
-    if outcome == Outcome::Ack {
-        match calls::ack(&savepoint, queue, fence.0, fence.1).await {
-            Ok(true) => {
-                savepoint.commit().await?;
-                tally.acked += 1;
-                return Ok(());
+}
+
+impl Drop for SlotConnection {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            if self.in_transaction {
+                drop(Object::take(client));
+            } else {
+                // Back to the pool for other users, without the worker's timeouts: the connection
+                // returns once reset (or is closed, if the runtime is gone).
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        let _ = client.batch_execute(sql::RESET_TIMEOUTS).await;
+                    });
+                }
             }
-            Ok(false) => {
-                savepoint.rollback().await?;
-                tracing::warn!(
-                    "the lease was lost to another worker; the handler's writes are rolled back"
-                );
-                tally.lost += 1;
-                return Ok(());
+        }
+    }
+}
+
+/// A transaction begun on a slot's connection.
+struct Tx<'c> {
+    conn: &'c mut SlotConnection,
+    /// Whether each delivery runs in a savepoint (several deliveries, or a lock to keep).
+    savepoints: bool,
+    savepoint_open: bool,
+}
+
+impl<'c> Tx<'c> {
+    async fn begin(conn: &'c mut SlotConnection, savepoints: bool) -> Result<Tx<'c>, DbError> {
+        conn.in_transaction = true;
+        conn.client().batch_execute(sql::BEGIN).await?;
+        Ok(Tx {
+            conn,
+            savepoints,
+            savepoint_open: false,
+        })
+    }
+
+    async fn end(&mut self, statement: &str) -> Result<(), DbError> {
+        self.conn.client().batch_execute(statement).await?;
+        self.conn.in_transaction = false;
+        Ok(())
+    }
+
+    /// Delivers each job, then commits; the counts are added only once the commit succeeded.
+    async fn run<T: DeserializeOwned + Send + 'static>(
+        &mut self,
+        shared: &Shared,
+        handler: &Arc<dyn TxHandler<T>>,
+        jobs: Vec<Taken>,
+    ) -> Result<(), DbError> {
+        let mut tally = WorkerStats::default();
+        for job in jobs {
+            let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
+            self.deliver(shared, handler, job, &mut tally)
+                .instrument(span)
+                .await?;
+        }
+        // A single leased delivery that failed was rolled back and settled on its own already.
+        if self.conn.in_transaction {
+            self.end(sql::COMMIT).await?;
+        }
+        shared.counters.add(&tally);
+        Ok(())
+    }
+
+    /// Opens the delivery's savepoint, releasing the previous delivery's (kept) one in the same
+    /// round trip.
+    async fn savepoint(&mut self) -> Result<(), DbError> {
+        let statement = if self.savepoint_open {
+            sql::NEXT_SAVEPOINT
+        } else {
+            sql::SAVEPOINT
+        };
+        self.conn.client().batch_execute(statement).await?;
+        self.savepoint_open = true;
+        Ok(())
+    }
+
+    /// Undoes the delivery's writes: back to its savepoint, or the whole transaction when it has
+    /// none (then `false`: the job must be settled outside it).
+    async fn undo(&mut self) -> Result<bool, DbError> {
+        if self.savepoints {
+            self.conn
+                .client()
+                .batch_execute(sql::ROLLBACK_TO_SAVEPOINT)
+                .await?;
+            Ok(true)
+        } else {
+            self.end(sql::ROLLBACK).await?;
+            Ok(false)
+        }
+    }
+
+    async fn deliver<T: DeserializeOwned + Send + 'static>(
+        &mut self,
+        shared: &Shared,
+        handler: &Arc<dyn TxHandler<T>>,
+        job: Taken,
+        tally: &mut WorkerStats,
+    ) -> Result<(), DbError> {
+        let payload = match shared.decode::<T>(&job.payload) {
+            Ok(payload) => payload,
+            Err(reason) => {
+                tracing::warn!(%reason, "dead-lettering a payload that does not decode");
+                return self
+                    .settle(shared, &job, Outcome::Dead { reason }, tally)
+                    .await;
             }
-            Err(error) => {
+        };
+        if self.savepoints {
+            self.savepoint().await?;
+        }
+        let (outcome, failed) = {
+            let port = PgTransaction::in_transaction(self.conn.client());
+            run_handler(handler.handle(
+                Job {
+                    id: job.id,
+                    attempt: job.attempt,
+                    payload,
+                },
+                &port,
+            ))
+            .await
+        };
+        tally.failed += u64::from(failed);
+        let outcome = if outcome == Outcome::Ack {
+            match calls::ack(self.conn.client(), &shared.queue, job.id, job.token).await {
+                Ok(true) => {
+                    tally.acked += 1;
+                    return Ok(());
+                }
+                Ok(false) => {
+                    self.undo().await?;
+                    tracing::warn!("the lease was lost to another worker; the handler's writes are rolled back");
+                    tally.lost += 1;
+                    return Ok(());
+                }
                 // The handler left its transaction unusable (a failed statement it ignored).
-                savepoint.rollback().await?;
-                let outcome = Outcome::Retry {
+                Err(error) => Outcome::Retry {
                     after: None,
                     reason: Some(error.to_string()),
-                };
-                return settle(shared, tx, &job, outcome, tally).await;
+                },
             }
-        }
+        } else {
+            outcome
+        };
+        self.undo().await?;
+        self.settle(shared, &job, outcome, tally).await
     }
-    savepoint.rollback().await?;
-    settle(shared, tx, &job, outcome, tally).await
-}
 
-/// Settles a job that was not acked, on the group's transaction.
-async fn settle(
-    shared: &Shared,
-    tx: &Transaction<'_>,
-    job: &Taken,
-    outcome: Outcome,
-    tally: &mut WorkerStats,
-) -> Result<(), DbError> {
-    let applied = super::settle_failure(shared, tx, job, outcome, tally).await?;
-    if !applied {
-        tally.lost += 1;
+    /// Settles a job that was not acked: in the transaction, or on its own once the transaction
+    /// was rolled back.
+    async fn settle(
+        &mut self,
+        shared: &Shared,
+        job: &Taken,
+        outcome: Outcome,
+        tally: &mut WorkerStats,
+    ) -> Result<(), DbError> {
+        let applied =
+            super::settle_failure(shared, self.conn.client(), job, outcome, tally).await?;
+        tally.lost += u64::from(!applied);
+        Ok(())
     }
-    Ok(())
 }
