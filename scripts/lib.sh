@@ -46,7 +46,19 @@ ensure_toolchain() {
 # Builds the extension from the current sources (cargo rebuilds what changed) and installs it
 # into Debian's PostgreSQL 15.
 install_extension() {
+  retire_installed_library
   (cd "$REPO_ROOT/extension" && cargo pgrx install --release --pg-config "$PG_CONFIG")
+}
+
+# retire_installed_library: moves the installed inbox.so aside before a new one is written, so
+# that backends of a running server which have the old one loaded keep their (unchanged) copy:
+# overwriting a loaded library in place crashes them.
+retire_installed_library() {
+  local lib
+  lib="$("$PG_CONFIG" --pkglibdir)/inbox.so"
+  if [[ -f "$lib" ]]; then
+    mv -f "$lib" "$lib.retired"
+  fi
 }
 
 _port_in_use() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -23,6 +23,7 @@ banner "cargo pgrx test pg15 (the extension's #[pg_test]s)"
 pgrx_pgdata="$(mktemp -d /tmp/inbox-pgrx-test.XXXXXX)"
 on_exit "remove_pg_dir '$pgrx_pgdata'"  # also stops a cluster left by an interrupted run
 chown postgres:postgres "$pgrx_pgdata"
+retire_installed_library  # cargo pgrx test installs its own build of the library
 (cd extension && cargo pgrx test pg15 --runas postgres --pgdata "$pgrx_pgdata")
 
 banner "install the extension"

@@ -144,16 +144,19 @@ pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
         }
         args.push(pg_sys::INTERVALOID);
     }
+    // The update finds its rows through the primary key (`= ANY (ARRAY(...))`) whatever the
+    // plan's estimate for `LIMIT $1`: a join here may be planned as a scan of the whole queue.
     Sql {
         text: format!(
-            "WITH next AS ( \
+            "WITH next AS MATERIALIZED ( \
                  SELECT id, locked_until AS due FROM {table} WHERE {due} \
                  ORDER BY locked_until{nulls}, id LIMIT $1 FOR UPDATE SKIP LOCKED \
              ), taken AS ( \
-                 UPDATE {table} AS q SET {set} FROM next WHERE q.id = next.id \
-                 RETURNING q.id, q.attempt, q.payload, next.due \
+                 UPDATE {table} AS q SET {set} WHERE q.id = ANY (ARRAY(SELECT id FROM next)) \
+                 RETURNING q.id, q.attempt, q.payload \
              ) \
-             SELECT id::int8, attempt::int4, payload FROM taken ORDER BY due{nulls}, id"
+             SELECT taken.id::int8, taken.attempt::int4, taken.payload \
+               FROM taken JOIN next ON next.id = taken.id ORDER BY next.due{nulls}, taken.id"
         ),
         args,
     }
