@@ -9,6 +9,12 @@
 //! - [`Clock`]: the time port, with [`SystemClock`] and [`ManualClock`].
 //! - [`Inbox`]: a dedup ledger whose claims are the extension's functions (`inbox_claim`, ...),
 //!   so that an event's effect is applied once however often the event is delivered.
+//! - [`Queue`]: enqueue jobs (through any [`Database`], so inside a transaction too) and read a
+//!   queue's counts.
+//! - [`worker`]: workers that lease jobs, run a handler and settle each job; in transactional
+//!   mode the handler's writes commit together with the job's settlement, so effects that are
+//!   rows in the queue's database happen exactly once. Effects outside it (HTTP calls, e-mail,
+//!   other brokers) are at least once and need an idempotency key.
 //!
 //! The client holds no SQL of the extension's tables: it calls the extension's functions only.
 //!
