@@ -37,6 +37,6 @@ banner "the SQL tour (sql/tour.sql)"
 psql "$url" -X -q -v ON_ERROR_STOP=1 -f sql/tour.sql >/dev/null
 
 banner "cargo test (integration tests against $url)"
-INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --release
+INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --profile ci
 
 banner "all tests passed"
