@@ -1,8 +1,12 @@
 //! Extends the leases of jobs whose handlers are still running.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{calls, Shared};
+
+/// How often a stopping worker's heartbeat looks for its last deliveries to have finished.
+const STOPPING_POLL: Duration = Duration::from_millis(10);
 
 /// Every third of the lease, extends each in-flight job's lease by a full lease; until the
 /// worker stops and its last deliveries have finished (a shutdown lets them finish, and they
@@ -15,10 +19,16 @@ pub(super) async fn run(shared: Arc<Shared>) {
     ticks.tick().await;
     let mut stopping = false;
     loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = shared.stop.cancelled(), if !stopping => stopping = true,
-        }
+        let extend = tokio::select! {
+            _ = ticks.tick() => true,
+            _ = shared.stop.cancelled(), if !stopping => {
+                stopping = true;
+                true
+            }
+            // Once stopping, return as soon as the last delivery finished, not at the next tick
+            // (a third of the lease away), which the shutdown would otherwise wait for.
+            _ = tokio::time::sleep(STOPPING_POLL), if stopping => false,
+        };
         let held: Vec<(i64, i64)> = match shared.in_flight.lock() {
             Ok(held) => held.iter().map(|(&id, &token)| (id, token)).collect(),
             Err(_) => return,
@@ -27,6 +37,9 @@ pub(super) async fn run(shared: Arc<Shared>) {
             if stopping {
                 return;
             }
+            continue;
+        }
+        if !extend {
             continue;
         }
         let client = match shared.db.pool().get().await {
