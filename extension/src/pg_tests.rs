@@ -450,6 +450,11 @@ mod tests {
             Some(true)
         );
         assert_eq!(
+            one::<bool>("SELECT inbox_extend('jobs', 1, 1, '2 hours')"),
+            Some(false),
+            "a retried job is no longer leased"
+        );
+        assert_eq!(
             one::<String>("SELECT format('%s|%s|%s', locked_until > now() + '59 minutes', leased_at IS NULL, last_error) FROM jobs").as_deref(),
             Some("t|t|timeout")
         );

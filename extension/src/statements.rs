@@ -233,11 +233,18 @@ pub(crate) fn dead(queue: &QueueShape) -> Sql {
     }
 }
 
-/// `$3` now, `$4` the new lease's length.
+/// `$3` now, `$4` the new lease's length. Where the table records leases, only a job still
+/// leased is extended: a heartbeat that races its own delivery's retry must not hide the job
+/// for another lease.
 pub(crate) fn extend(queue: &QueueShape) -> Sql {
+    let still_leased = if queue.has_leased_at {
+        " AND leased_at IS NOT NULL"
+    } else {
+        ""
+    };
     Sql {
         text: format!(
-            "UPDATE {} SET locked_until = $3 + $4 WHERE {FENCE}",
+            "UPDATE {} SET locked_until = $3 + $4 WHERE {FENCE}{still_leased}",
             queue.table
         ),
         args: vec![

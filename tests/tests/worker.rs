@@ -551,10 +551,7 @@ async fn chaos(count: i64, claim: Claim, group_size: usize) {
             .claim(claim)
             .group_size(group_size)
             .retry(fast_retries(CHAOS_MAX_ATTEMPTS))
-            // Handlers take milliseconds and no 30 s lease expires here. The heartbeat is off
-            // because a heartbeat racing a retry hides the retried job for a whole lease (see
-            // `heartbeat_after_a_retry_does_not_hide_the_job`), which would add 30 s stalls.
-            .heartbeat(false)
+            // The heartbeat runs (the default), racing the retries.
             .poll_interval(Duration::from_millis(20)),
         Duration::from_secs(120),
     )
@@ -745,13 +742,11 @@ async fn heartbeat_keeps_a_long_handler_s_lease() {
 /// A heartbeat that extends a lease after its delivery was released for a retry must not hide
 /// the job for a whole lease: the retry's delay holds.
 ///
-/// Ignored: fails today (attempt 2 starts a full lease, 3 s, after a retry asked for 500 ms).
-/// `inbox_retry` keeps the token valid, so the heartbeat's `inbox_extend` of a snapshot taken
-/// before the release still applies. The test makes the race deterministic: it holds the pool's
-/// last connection, so the heartbeat has taken its snapshot and waits for a connection until the
-/// retry has committed.
+/// `inbox_retry` keeps the token valid, so without `inbox_extend` refusing a job that is no longer
+/// leased, the heartbeat's extension of a snapshot taken before the release would still apply.
+/// The test makes the race deterministic: it holds the pool's last connection, so the heartbeat
+/// has taken its snapshot and waits for a connection until the retry has committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: a heartbeat racing a retry re-leases the released job for a whole lease"]
 async fn heartbeat_after_a_retry_does_not_hide_the_job() {
     let _load = LOAD.read().await;
     let db = TestDb::new().await;
