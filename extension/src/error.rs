@@ -22,3 +22,9 @@ pub(crate) fn required<T>(value: Option<T>, argument: &str) -> T {
         ),
     }
 }
+
+/// Raises an SPI failure that PostgreSQL did not raise itself (a misuse of SPI, not bad input)
+/// as `XX000 internal_error`.
+pub(crate) fn internal(error: pgrx::spi::SpiError) -> ! {
+    raise(ERRCODE_INTERNAL_ERROR, error.to_string())
+}

@@ -60,7 +60,7 @@ fn claim(
         let plan = plans::ledger_plan(client, ledger, Op::Claim, statements::claim);
         let inserted = client
             .update(&*plan, None, &[key.into(), seen_at.into()])
-            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+            .unwrap_or_else(|e| internal(e));
         inserted.len() == 1
     })
 }
@@ -76,7 +76,7 @@ fn inbox_seen(ledger: Option<RegClass>, key: Option<Text>) -> bool {
         client
             .select(&*plan, None, &[key.into()])
             .and_then(|rows| rows.first().get_one::<bool>())
-            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()))
+            .unwrap_or_else(|e| internal(e))
             .unwrap_or(false)
     })
 }
@@ -93,7 +93,7 @@ fn inbox_purge(ledger: Option<RegClass>, older_than: Option<TimestampWithTimeZon
         loop {
             let batch = client
                 .update(&*plan, None, &[older_than.into()])
-                .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()))
+                .unwrap_or_else(|e| internal(e))
                 .len() as i64;
             purged += batch;
             if batch < PURGE_BATCH {

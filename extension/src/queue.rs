@@ -76,12 +76,9 @@ fn check_interval(interval: Interval, argument: &str, allow_zero: bool) -> Inter
     interval
 }
 
-fn internal(error: pgrx::spi::SpiError) -> ! {
-    raise(ERRCODE_INTERNAL_ERROR, error.to_string())
-}
-
-/// Raises `42804` when a payload of type `given` is sent to a queue storing another type.
-fn check_payload(client: &SpiClient<'_>, queue: pg_sys::Oid, given: Payload) {
+/// Checks what an enqueue sends against the queue's shape: `42804` for a payload of another type
+/// than the queue stores, `42703` for keys sent to a queue without a `key` column.
+fn check_enqueue(client: &SpiClient<'_>, queue: pg_sys::Oid, given: Payload, keyed: bool) {
     let shape = plans::queue(client, queue);
     if shape.payload != given {
         raise(
@@ -92,6 +89,12 @@ fn check_payload(client: &SpiClient<'_>, queue: pg_sys::Oid, given: Payload) {
                 shape.payload.type_name(),
                 given.type_name()
             ),
+        );
+    }
+    if keyed && !shape.has_key {
+        raise(
+            ERRCODE_UNDEFINED_COLUMN,
+            format!("queue {} has no column \"key\" to dedup by", shape.table),
         );
     }
 }
@@ -105,16 +108,7 @@ fn enqueue(
 ) -> Option<i64> {
     let queue = required(queue, "queue").0;
     let id = Spi::connect_mut(|client| {
-        check_payload(client, queue, kind);
-        if key.is_some() && !plans::queue(client, queue).has_key {
-            raise(
-                ERRCODE_UNDEFINED_COLUMN,
-                format!(
-                    "queue {} has no column \"key\" to dedup by",
-                    plans::queue(client, queue).table
-                ),
-            );
-        }
+        check_enqueue(client, queue, kind, key.is_some());
         let plan = plans::queue_plan(client, queue, Op::Enqueue, statements::enqueue);
         let due = run_at.map_or_else(clock_now, DatumWithOid::from);
         let key = key.map_or_else(
@@ -189,16 +183,7 @@ fn enqueue_batch(
         }
     }
     let ids = Spi::connect_mut(|client| {
-        check_payload(client, queue, kind);
-        if keys.is_some() && !plans::queue(client, queue).has_key {
-            raise(
-                ERRCODE_UNDEFINED_COLUMN,
-                format!(
-                    "queue {} has no column \"key\" to dedup by",
-                    plans::queue(client, queue).table
-                ),
-            );
-        }
+        check_enqueue(client, queue, kind, keys.is_some());
         let plan = plans::queue_plan(client, queue, Op::EnqueueBatch, statements::enqueue_batch);
         // SAFETY: `payloads` is a non-NULL array of the queue's payload type.
         let payloads = unsafe { DatumWithOid::new(payloads, kind.array_type_oid()) };

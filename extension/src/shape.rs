@@ -93,7 +93,7 @@ impl Table {
                 None,
                 &[oid.into()],
             )
-            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+            .unwrap_or_else(|e| internal(e));
         let mut table = None;
         let mut columns = HashMap::new();
         for row in rows {
@@ -210,13 +210,13 @@ pub(crate) fn create_table(
                 &[],
             )
             .and_then(|rows| rows.first().get_one::<Oid>())
-            .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+            .unwrap_or_else(|e| internal(e));
         let oid = match existing {
             Some(oid) => oid,
             None => {
                 client
                     .update(ddl(&table).as_str(), None, &[])
-                    .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()));
+                    .unwrap_or_else(|e| internal(e));
                 client
                     .select(
                         &format!(
@@ -227,7 +227,7 @@ pub(crate) fn create_table(
                         &[],
                     )
                     .and_then(|rows| rows.first().get_one::<Oid>())
-                    .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, e.to_string()))
+                    .unwrap_or_else(|e| internal(e))
                     .unwrap_or_else(|| {
                         raise(ERRCODE_UNDEFINED_TABLE, format!("{table} was not created"))
                     })
