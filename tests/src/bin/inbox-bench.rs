@@ -1,0 +1,191 @@
+//! The benchmark of the `inbox` extension and its worker against raw SQL doing the same work on
+//! the same PostgreSQL (issue 5); run it with `./scripts/bench.sh [--quick]`, and see
+//! `docs/benchmarks.md` for what each figure measures.
+//!
+//! ```text
+//! inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] [--rounds N] [--duration-ms N] [--docs]
+//! inbox-bench chart [JSON] [SVG]         draw the chart of a results file again
+//! inbox-bench child-worker inbox|raw S   (figure 7's child process)
+//! ```
+//!
+//! Every figure runs both sides for the same window, interleaved over a few rounds (the median
+//! of each side is kept), so the ratio holds on a noisy machine. Results go to the terminal and
+//! to `target/bench/latest.{json,md,svg}`; `--docs` also writes the chart to `docs/bench.svg`.
+
+#[path = "bench/figures.rs"]
+mod figures;
+#[path = "bench/measure.rs"]
+mod measure;
+#[path = "bench/report.rs"]
+mod report;
+#[path = "bench/sessions.rs"]
+mod sessions;
+#[path = "bench/setup.rs"]
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use setup::{Ctx, Opts, Result, Side};
+
+const USAGE: &str = "usage: inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] \
+                     [--rounds N] [--duration-ms N] [--docs]\n       \
+                     inbox-bench chart [JSON] [SVG]\n       \
+                     inbox-bench child-worker inbox|raw SECONDS";
+
+/// The workspace's root (the results go under its `target/`, the chart to its `docs/`).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+fn list<T: std::str::FromStr>(text: &str) -> Result<Vec<T>> {
+    text.split(',')
+        .map(|item| {
+            item.trim()
+                .parse()
+                .map_err(|_| format!("not a number: {item}").into())
+        })
+        .collect()
+}
+
+/// The options of a run, and whether to write `docs/bench.svg`.
+fn parse(args: &[String]) -> Result<(Opts, bool)> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut opts = if quick { Opts::quick() } else { Opts::full() };
+    let mut docs = false;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--quick" => {}
+            "--docs" => docs = true,
+            "--figures" => opts.figures = list(value()?)?,
+            "--connections" => opts.connections = list(value()?)?,
+            "--rounds" => opts.rounds = value()?.parse()?,
+            "--duration-ms" => opts.duration = Duration::from_millis(value()?.parse()?),
+            _ => return Err(format!("unknown argument {arg}\n{USAGE}").into()),
+        }
+    }
+    Ok((opts, docs))
+}
+
+fn database_url() -> Result<String> {
+    std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL (or use scripts/bench.sh)".into())
+}
+
+async fn header(ctx: &Ctx, args: &[String]) -> Result<report::Header> {
+    let client = ctx.connect().await?;
+    let version: String = client.query_one("SELECT version()", &[]).await?.get(0);
+    let sync: String = client
+        .query_one("SHOW synchronous_commit", &[])
+        .await?
+        .get(0);
+    let command = std::iter::once("./scripts/bench.sh".to_owned())
+        .chain(args.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    Ok(report::Header {
+        date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        postgres: version,
+        synchronous_commit: sync,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        mode: if ctx.opts.quick { "quick" } else { "full" }.to_owned(),
+        command,
+    })
+}
+
+async fn run(args: &[String]) -> Result<()> {
+    let (opts, docs) = parse(args)?;
+    let ctx = Ctx::new(&database_url()?, opts)?;
+    setup::create_tables(&ctx.connect().await?).await?;
+    let header = header(&ctx, args).await?;
+    report::print_header(&header);
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    let mut timings = Vec::new();
+    for &figure in &ctx.opts.figures {
+        let at = Instant::now();
+        rows.extend(match figure {
+            1 => figures::claims(&ctx).await?,
+            2 => figures::enqueues(&ctx).await?,
+            3 => figures::settles(&ctx).await?,
+            4 => figures::worker(&ctx).await?,
+            5 => figures::latency(&ctx).await?,
+            6 => figures::bloat(&ctx).await?,
+            7 => figures::memory(&ctx).await?,
+            other => return Err(format!("there is no figure {other}").into()),
+        });
+        timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));
+    }
+    report::print_table(&header, &rows);
+    let json = report::to_json(&header, &rows)?;
+    let dir = root().join("target/bench");
+    report::write_all(&dir, &json, &rows)?;
+    println!(
+        "\nwrote {}/latest.{{json,md,svg}}; took {:.0} s (figure {})",
+        dir.display(),
+        started.elapsed().as_secs_f64(),
+        timings.join(", ")
+    );
+    if docs {
+        let chart = root().join("docs/bench.svg");
+        std::fs::write(&chart, report::svg(&json))?;
+        println!("wrote {}", chart.display());
+    }
+    Ok(())
+}
+
+/// `chart [JSON] [SVG]`: draws the chart of a results file (default: the latest run, to
+/// `docs/bench.svg`).
+fn chart(args: &[String]) -> Result<()> {
+    let json = args
+        .first()
+        .map_or_else(|| root().join("target/bench/latest.json"), PathBuf::from);
+    let svg = args
+        .get(1)
+        .map_or_else(|| root().join("docs/bench.svg"), PathBuf::from);
+    let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+    std::fs::write(&svg, report::svg(&results))?;
+    println!("wrote {}", svg.display());
+    Ok(())
+}
+
+async fn child(args: &[String]) -> Result<()> {
+    let side = match args.first().map(String::as_str) {
+        Some("inbox") => Side::Inbox,
+        Some("raw") => Side::Raw,
+        _ => return Err(USAGE.into()),
+    };
+    let seconds = args.get(1).ok_or(USAGE)?.parse()?;
+    let ctx = Ctx::new(&database_url()?, Opts::full())?;
+    figures::child_worker(&ctx, side, seconds).await
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("chart") => chart(&args[1..]),
+        Some("child-worker") => child(&args[1..]).await,
+        Some("-h" | "--help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => run(&args).await,
+    };
+    if let Err(error) = result {
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        eprintln!("inbox-bench: {message}");
+        std::process::exit(1);
+    }
+}
