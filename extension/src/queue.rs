@@ -497,3 +497,15 @@ fn inbox_stats(
     });
     TableIterator::once(row)
 }
+
+// Leases and locks take `LIMIT $1` jobs. Left to choose, the plan cache keeps planning them
+// again on every call (a generic plan's guess at the limit looks costly); their generic plan is
+// the right one, an index scan from the oldest due job, so they are told to use it.
+extension_sql!(
+    r#"
+ALTER FUNCTION inbox_lease(regclass, integer, interval) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION inbox_lock(regclass, integer) SET plan_cache_mode = force_generic_plan;
+"#,
+    name = "generic_plans",
+    finalize
+);
