@@ -361,11 +361,56 @@ mod tests {
     }
 
     #[pg_test]
-    fn lock_counts_the_attempt_without_a_lease() {
+    fn lock_writes_nothing_and_its_settlement_counts_the_attempt() {
         setup();
         Spi::run("SELECT inbox_enqueue('jobs', '{}')").expect("job");
-        assert_eq!(one::<i64>("SELECT token FROM inbox_lock('jobs')"), Some(1));
-        assert_eq!(count("SELECT count(*) FROM jobs WHERE attempt = 1 AND locked_until <= now() AND leased_at IS NULL"), 1);
+        assert_eq!(
+            one::<String>("SELECT format('%s %s', attempt, token) FROM inbox_lock('jobs')")
+                .as_deref(),
+            Some("1 -1"),
+            "the first delivery, with a lock's (negative) token"
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM jobs WHERE attempt = 0 AND leased_at IS NULL"),
+            1
+        );
+        assert_eq!(
+            one::<bool>("SELECT inbox_extend('jobs', 1, -1, '1 hour')"),
+            Some(false),
+            "no lease to extend"
+        );
+        assert_eq!(
+            one::<bool>("SELECT inbox_ack('jobs', 1, 1)"),
+            Some(false),
+            "not a lease's token"
+        );
+        assert_eq!(
+            one::<bool>("SELECT inbox_retry('jobs', 1, -1, '0 seconds', 'again', 2)"),
+            Some(true)
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM jobs WHERE attempt = 1 AND last_error = 'again'"),
+            1
+        );
+        assert_eq!(
+            one::<bool>("SELECT inbox_retry('jobs', 1, -1)"),
+            Some(false),
+            "settled once"
+        );
+        assert_eq!(
+            one::<String>("SELECT format('%s %s', attempt, token) FROM inbox_lock('jobs')")
+                .as_deref(),
+            Some("2 -2")
+        );
+        // The second delivery reaches max_attempts: dead-lettered, its attempt counted.
+        assert_eq!(
+            one::<bool>("SELECT inbox_retry('jobs', 1, -2, '0 seconds', 'last', 2)"),
+            Some(true)
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM jobs WHERE attempt = 2 AND locked_until = 'infinity'"),
+            1
+        );
     }
 
     #[pg_test]
@@ -485,8 +530,13 @@ mod tests {
         Spi::run("SELECT inbox_enqueue('jobs', '{}'); SELECT * FROM inbox_lock('jobs')")
             .expect("locked");
         assert_eq!(
-            one::<bool>("SELECT inbox_dead('jobs', 1, 1, 'undecodable')"),
+            one::<bool>("SELECT inbox_dead('jobs', 1, -1, 'undecodable')"),
             Some(true)
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM jobs WHERE attempt = 1"),
+            1,
+            "the locked delivery counted"
         );
         assert_eq!(
             one::<String>("SELECT last_error FROM jobs WHERE locked_until = 'infinity'").as_deref(),

@@ -280,7 +280,13 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
                     Payload::Jsonb => (payload.map(Jsonb), None),
                     Payload::Bytea => (None, payload.map(Bytea)),
                 };
-                (id, attempt, attempt as i64, json, bytes)
+                // A lock's token is negative: its attempt is counted when it is settled.
+                let token = if lease.is_some() {
+                    attempt as i64
+                } else {
+                    -(attempt as i64)
+                };
+                (id, attempt, token, json, bytes)
             })
             .collect()
     })

@@ -124,7 +124,9 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
 }
 
 /// `$1` max, `$2` now, and for a lease `$3` its length. Both forms pick due jobs in order with
-/// SKIP LOCKED and count the attempt; the lease also hides the jobs until it ends.
+/// SKIP LOCKED. A lease counts the attempt and hides the jobs until it ends; a lock only locks
+/// them (its settlement counts the attempt, see FENCE), so it costs what `SELECT ... FOR UPDATE`
+/// costs.
 pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
     let table = &queue.table;
     let (due, nulls) = if queue.nullable_locked_until {
@@ -135,37 +137,46 @@ pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
     } else {
         ("locked_until <= $2", "")
     };
-    let mut set = String::from("attempt = q.attempt + 1");
-    let mut args = vec![pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID];
-    if lease {
-        set.push_str(", locked_until = $2 + $3");
-        if queue.has_leased_at {
-            set.push_str(", leased_at = $2");
-        }
-        args.push(pg_sys::INTERVALOID);
+    let pick = format!(
+        "FROM {table} WHERE {due} ORDER BY locked_until{nulls}, id LIMIT $1 FOR UPDATE SKIP LOCKED"
+    );
+    if !lease {
+        return Sql {
+            text: format!("SELECT id::int8, (attempt + 1)::int4, payload {pick}"),
+            args: vec![pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID],
+        };
     }
+    let leased_at = if queue.has_leased_at {
+        ", leased_at = $2"
+    } else {
+        ""
+    };
     // The update finds its rows through the primary key (`= ANY (ARRAY(...))`) whatever the
     // plan's estimate for `LIMIT $1`: a join here may be planned as a scan of the whole queue.
     Sql {
         text: format!(
-            "WITH next AS MATERIALIZED ( \
-                 SELECT id, locked_until AS due FROM {table} WHERE {due} \
-                 ORDER BY locked_until{nulls}, id LIMIT $1 FOR UPDATE SKIP LOCKED \
-             ), taken AS ( \
-                 UPDATE {table} AS q SET {set} WHERE q.id = ANY (ARRAY(SELECT id FROM next)) \
+            "WITH next AS MATERIALIZED (SELECT id, locked_until AS due {pick}), taken AS ( \
+                 UPDATE {table} AS q SET attempt = q.attempt + 1, locked_until = $2 + $3{leased_at} \
+                  WHERE q.id = ANY (ARRAY(SELECT id FROM next)) \
                  RETURNING q.id, q.attempt, q.payload \
              ) \
              SELECT taken.id::int8, taken.attempt::int4, taken.payload \
                FROM taken JOIN next ON next.id = taken.id ORDER BY next.due{nulls}, taken.id"
         ),
-        args,
+        args: vec![pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID],
     }
 }
 
 /// The fence of every settlement: `$1` the job, `$2` the token of the delivery settling it.
-/// A token is the attempt the delivery counted; a later delivery counted another. Dead jobs are
-/// settled by no one.
-const FENCE: &str = "id = $1 AND attempt = $2 AND locked_until IS DISTINCT FROM 'infinity'";
+/// A lease's token is the attempt the lease counted (positive); a later delivery counted another.
+/// A lock's token is minus the attempt its settlement will count: until then the job's attempt
+/// is one less, and no one else can change it while the lock holds. Dead jobs are settled by no
+/// one.
+const FENCE: &str = "id = $1 AND attempt = CASE WHEN $2 < 0 THEN -$2 - 1 ELSE $2 END \
+                     AND locked_until IS DISTINCT FROM 'infinity'";
+
+/// What a settlement adds to `attempt`: one for a locked delivery, not counted yet.
+const LOCKED_COUNT: &str = "CASE WHEN $2 < 0 THEN 1 ELSE 0 END";
 
 pub(crate) fn ack(queue: &QueueShape) -> Sql {
     Sql {
@@ -179,7 +190,8 @@ pub(crate) fn ack_many(queue: &QueueShape) -> Sql {
     Sql {
         text: format!(
             "DELETE FROM {} AS q USING unnest($1::int8[], $2::int8[]) AS s(id, token) \
-              WHERE q.id = s.id AND q.attempt = s.token AND q.locked_until IS DISTINCT FROM 'infinity'",
+              WHERE q.id = s.id AND q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END \
+                AND q.locked_until IS DISTINCT FROM 'infinity'",
             queue.table
         ),
         args: vec![pg_sys::INT8ARRAYOID, pg_sys::INT8ARRAYOID],
@@ -204,8 +216,9 @@ fn release_columns(queue: &QueueShape, error_parameter: &str) -> String {
 pub(crate) fn retry(queue: &QueueShape) -> Sql {
     Sql {
         text: format!(
-            "UPDATE {} SET locked_until = CASE WHEN attempt >= $5 THEN 'infinity'::timestamptz \
-                                               ELSE $3 + $4 END{} \
+            "UPDATE {} SET attempt = attempt + {LOCKED_COUNT}, \
+                           locked_until = CASE WHEN attempt + {LOCKED_COUNT} >= $5 \
+                                               THEN 'infinity'::timestamptz ELSE $3 + $4 END{} \
               WHERE {FENCE}",
             queue.table,
             release_columns(queue, "$6")
@@ -225,7 +238,8 @@ pub(crate) fn retry(queue: &QueueShape) -> Sql {
 pub(crate) fn dead(queue: &QueueShape) -> Sql {
     Sql {
         text: format!(
-            "UPDATE {} SET locked_until = 'infinity'{} WHERE {FENCE}",
+            "UPDATE {} SET attempt = attempt + {LOCKED_COUNT}, locked_until = 'infinity'{} \
+              WHERE {FENCE}",
             queue.table,
             release_columns(queue, "$3")
         ),
@@ -233,9 +247,9 @@ pub(crate) fn dead(queue: &QueueShape) -> Sql {
     }
 }
 
-/// `$3` now, `$4` the new lease's length. Where the table records leases, only a job still
-/// leased is extended: a heartbeat that races its own delivery's retry must not hide the job
-/// for another lease.
+/// `$3` now, `$4` the new lease's length. Only a lease's (positive) token extends. Where the
+/// table records leases, only a job still leased is extended: a heartbeat that races its own
+/// delivery's retry must not hide the job for another lease.
 pub(crate) fn extend(queue: &QueueShape) -> Sql {
     let still_leased = if queue.has_leased_at {
         " AND leased_at IS NOT NULL"
@@ -244,7 +258,7 @@ pub(crate) fn extend(queue: &QueueShape) -> Sql {
     };
     Sql {
         text: format!(
-            "UPDATE {} SET locked_until = $3 + $4 WHERE {FENCE}{still_leased}",
+            "UPDATE {} SET locked_until = $3 + $4 WHERE $2 > 0 AND {FENCE}{still_leased}",
             queue.table
         ),
         args: vec![

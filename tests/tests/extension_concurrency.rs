@@ -523,12 +523,13 @@ async fn lock_holds_a_job_for_its_transaction_only() {
     let id = enqueue(&b, r#"{"n": 1}"#).await;
     let tx = a.transaction().await.unwrap();
     let locked = take(&tx, "SELECT id, attempt, token FROM inbox_lock('jobs')").await;
+    // A lock's token is negative: its settlement, not the lock, counts the attempt.
     assert_eq!(
         locked,
         [Delivery {
             id,
             attempt: 1,
-            token: 1
+            token: -1
         }]
     );
     let skipped = timeout(PATIENCE, async {
@@ -563,14 +564,14 @@ async fn lock_holds_a_job_for_its_transaction_only() {
         [Delivery {
             id,
             attempt: 1,
-            token: 1
+            token: -1
         }]
     );
     assert!(lease(&b, 10, "30 seconds").await.is_empty());
     assert!(tx
         .query_one(
             "SELECT inbox_ack('jobs', $1::int8, $2::int8)",
-            &[&id, &1_i64]
+            &[&id, &-1_i64]
         )
         .await
         .unwrap()

@@ -76,9 +76,9 @@ async fn open(shared: &Shared) -> Result<SlotConnection, DbError> {
 /// Takes and runs one group; `Ok(false)` when there was nothing to take.
 ///
 /// The transaction is driven with plain `BEGIN`/`SAVEPOINT`/`COMMIT` statements so that they can
-/// share round trips: a lock is taken in the round trip of its `BEGIN`, and a lease of a single
+/// share round trips: a lock is taken in the round trip of its `BEGIN`, and a single leased
 /// delivery needs no savepoint at all (a failure rolls the whole transaction back and settles the
-/// job after it). Each delivery then costs what the same transaction written by hand costs.
+/// job after it: the lease keeps other workers away meanwhile).
 async fn run_group<T: DeserializeOwned + Send + 'static>(
     shared: &Shared,
     handler: &Arc<dyn TxHandler<T>>,
@@ -111,13 +111,16 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
                 client.batch_execute(sql::BEGIN),
                 calls::lock(client, queue, group)
             );
+            // On an error here the slot rolls the open transaction back (or drops the connection).
+            begun?;
+            let jobs = jobs?;
+            // Each delivery runs in a savepoint even alone: a failure must be undone without
+            // giving up the lock, or another slot could take the job before it is settled.
             let mut tx = Tx {
                 conn,
                 savepoints: true,
                 savepoint_open: false,
             };
-            begun?;
-            let jobs = jobs?;
             if jobs.is_empty() {
                 tx.end(sql::ROLLBACK).await?;
                 return Ok(false);
