@@ -18,7 +18,9 @@
 //! - [`Claim::Lock`] takes the jobs with `inbox_lock` inside the handler's transaction: lease,
 //!   work and settlement are one transaction, the cheapest form. A crash rolls everything back,
 //!   attempt included, and the row lock is held for the whole handler: use it for short
-//!   handlers that cannot crash the process.
+//!   handlers that cannot crash the process. Each delivery runs in a savepoint (a failure is
+//!   undone without giving up the lock), which costs much under concurrency: give it a
+//!   [`group_size`](Worker::group_size) of 10 or so (see `docs/benchmarks.md`).
 //!
 //! In both forms a transactional worker may commit several deliveries at once
 //! ([`group_size`](Worker::group_size)): each runs in a savepoint of one transaction, a failed
