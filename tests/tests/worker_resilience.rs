@@ -23,6 +23,19 @@ async fn setup(db: &TestDb) -> PgDatabase {
     pg
 }
 
+/// The effect rows, as (job payload, attempt that wrote it).
+async fn effects(pg: &PgDatabase) -> Vec<(i64, i32)> {
+    let rows = pg
+        .query(&Statement::new(
+            "SELECT n, attempt FROM effects ORDER BY n, attempt",
+        ))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|row| (row.get("n").unwrap(), row.get("attempt").unwrap()))
+        .collect()
+}
+
 /// The backend pid of the worker's LISTEN connection, once it has one.
 async fn listener_pid(db: &TestDb) -> Option<i32> {
     let client = db.client().await;
@@ -142,14 +155,7 @@ async fn a_statement_past_the_timeout_fails_the_delivery_and_its_retry_commits_o
         (1, 1, 1),
         "{stats:?}"
     );
-    let rows = pg
-        .query(&Statement::new("SELECT n, attempt FROM effects"))
-        .await
-        .unwrap();
-    let effects: Vec<(i64, i32)> = rows
-        .iter()
-        .map(|row| (row.get("n").unwrap(), row.get("attempt").unwrap()))
-        .collect();
+    let effects = effects(&pg).await;
     assert_eq!(effects, vec![(1, 2)], "only the retry's write commits");
 }
 
@@ -188,13 +194,6 @@ async fn a_transaction_idle_past_the_timeout_is_cut_and_the_job_runs_again() {
         .await
         .unwrap();
     assert_eq!(stats.acked, 1, "{stats:?}");
-    let rows = pg
-        .query(&Statement::new("SELECT n, attempt FROM effects"))
-        .await
-        .unwrap();
-    let effects: Vec<(i64, i32)> = rows
-        .iter()
-        .map(|row| (row.get("n").unwrap(), row.get("attempt").unwrap()))
-        .collect();
+    let effects = effects(&pg).await;
     assert_eq!(effects, vec![(1, 2)], "the cut transaction's write is gone");
 }
