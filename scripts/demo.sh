@@ -6,12 +6,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source-path=SCRIPTDIR/..
 source scripts/lib.sh
 
-banner "toolchain"
-ensure_toolchain
-banner "install the extension"
-install_extension
-banner "PostgreSQL"
-ensure_postgres
-url="$(fresh_database inbox_demo)"
-banner "refunds example on $url"
-DATABASE_URL="$url" cargo run --release -p inbox-client --example refunds -- "$@"
+prepare_database inbox_demo
+banner "refunds example on $DATABASE_URL"
+cargo run --release -p inbox-client --example refunds -- "$@"

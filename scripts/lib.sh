@@ -109,3 +109,18 @@ fresh_database() {
   "${psql[@]}" -d "$db" -c 'CREATE EXTENSION inbox' >&2
   echo "$INBOX_PG_URL/$db"
 }
+
+# prepare_database NAME: what the demo and the benchmark need before they run: the toolchain,
+# the extension built from the current sources and installed, a Postgres, and a fresh database
+# NAME with the extension, whose URL it leaves in $DATABASE_URL. (Not in a subshell: the
+# throwaway cluster, if one is started, lives as long as the calling script.)
+prepare_database() {
+  banner "toolchain"
+  ensure_toolchain
+  banner "install the extension"
+  install_extension
+  banner "PostgreSQL"
+  ensure_postgres
+  DATABASE_URL="$(fresh_database "$1")"
+  export DATABASE_URL
+}
