@@ -225,17 +225,16 @@ impl<'c> Tx<'c> {
     }
 
     /// Undoes the delivery's writes: back to its savepoint, or the whole transaction when it has
-    /// none (then `false`: the job must be settled outside it).
-    async fn undo(&mut self) -> Result<bool, DbError> {
+    /// none (its settlement then runs on its own, after it).
+    async fn undo(&mut self) -> Result<(), DbError> {
         if self.savepoints {
             self.conn
                 .client()
                 .batch_execute(sql::ROLLBACK_TO_SAVEPOINT)
                 .await?;
-            Ok(true)
+            Ok(())
         } else {
-            self.end(sql::ROLLBACK).await?;
-            Ok(false)
+            self.end(sql::ROLLBACK).await
         }
     }
 
