@@ -4,8 +4,15 @@
 # Callers run under `set -euo pipefail`, as root (Postgres itself runs as user postgres).
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PG_CONFIG=/usr/bin/pg_config
-PG_BIN=/usr/lib/postgresql/15/bin
+# INBOX_PG_CONFIG picks another PostgreSQL 15 installation (a relocated copy of Debian's, say, so
+# that several checkouts can install their own build of the extension side by side).
+if [[ -n "${INBOX_PG_CONFIG:-}" ]]; then
+  PG_CONFIG="$INBOX_PG_CONFIG"
+  PG_BIN="$("$PG_CONFIG" --bindir)"
+else
+  PG_CONFIG=/usr/bin/pg_config
+  PG_BIN=/usr/lib/postgresql/15/bin
+fi
 PGRX_VERSION=0.18.1
 
 banner() { printf '\n\033[1m==== %s ====\033[0m\n' "$*"; }

@@ -24,7 +24,9 @@ pgrx_pgdata="$(mktemp -d /tmp/inbox-pgrx-test.XXXXXX)"
 on_exit "remove_pg_dir '$pgrx_pgdata'"  # also stops a cluster left by an interrupted run
 chown postgres:postgres "$pgrx_pgdata"
 retire_installed_library  # cargo pgrx test installs its own build of the library
-(cd extension && cargo pgrx test pg15 --runas postgres --pgdata "$pgrx_pgdata")
+# Its cluster always listens on port 28815: one run at a time on a machine.
+(cd extension && flock /tmp/inbox-pgrx-test.lock \
+  cargo pgrx test pg15 --runas postgres --pgdata "$pgrx_pgdata")
 
 banner "install the extension"
 install_extension
