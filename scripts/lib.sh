@@ -55,14 +55,23 @@ ensure_toolchain() {
 install_extension() {
   retire_installed_library
   (cd "$REPO_ROOT/extension" && cargo pgrx install --release --pg-config "$PG_CONFIG")
+  # The install scripts of earlier releases (cargo pgrx installs only the upgrade scripts), so that
+  # a database can be created at an earlier version where its library is installed too.
+  local script
+  for script in "$REPO_ROOT"/sql/inbox--*.sql; do
+    [[ "$(basename "$script")" == inbox--*--*.sql ]] && continue
+    install -m 644 "$script" "$("$PG_CONFIG" --sharedir)/extension/"
+  done
 }
 
-# retire_installed_library: moves the installed inbox.so aside before a new one is written, so
-# that backends of a running server which have the old one loaded keep their (unchanged) copy:
-# overwriting a loaded library in place crashes them.
+# retire_installed_library: moves the installed library of the version being built
+# (inbox-<version>.so) aside before a new one is written, so that backends of a running server
+# which have the old one loaded keep their (unchanged) copy: overwriting a loaded library in place
+# crashes them. Libraries of other versions stay, for databases that have not been updated yet.
 retire_installed_library() {
-  local lib
-  lib="$("$PG_CONFIG" --pkglibdir)/inbox.so"
+  local lib version
+  version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO_ROOT/Cargo.toml" | head -1)"
+  lib="$("$PG_CONFIG" --pkglibdir)/inbox-$version.so"
   if [[ -f "$lib" ]]; then
     mv -f "$lib" "$lib.retired"
   fi

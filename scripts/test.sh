@@ -41,4 +41,7 @@ psql "$url" -X -q -v ON_ERROR_STOP=1 -f sql/tour.sql >/dev/null
 banner "cargo test (integration tests against $url)"
 INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --profile ci
 
+banner "the upgrade from the previous release (scripts/upgrade-test.sh)"
+./scripts/upgrade-test.sh "$INBOX_PG_URL"
+
 banner "all tests passed"
