@@ -10,6 +10,7 @@ mod datum;
 mod error;
 pub mod ledger;
 mod names;
+mod observe;
 mod plans;
 pub mod queue;
 mod shape;
