@@ -29,7 +29,8 @@ fn counts(row: &Row, first: usize) -> [i64; 4] {
 
 pub async fn queues(db: &Db, out: &Output) -> Result<(), CliError> {
     let rows = db.query(sql::QUEUES, &[]).await?;
-    let queues: Vec<(String, [i64; 4], Option<f64>, Option<f64>)> = rows
+    type QueueRow = (String, [i64; 4], Option<f64>, Option<f64>);
+    let queues: Vec<QueueRow> = rows
         .iter()
         .map(|row| (row.get(0), counts(row, 1), row.get(5), row.get(6)))
         .collect();
