@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 
 use crate::db::Db;
 use crate::error::CliError;
-use crate::output::{age, preview, table, Output};
+use crate::output::{age, line, preview, table, Output};
 use crate::sql;
 
 /// How many characters of a payload a table shows.
@@ -111,18 +111,18 @@ pub async fn stats(db: &Db, out: &Output, queue: &str, watch: Option<f64>) -> Re
             // Watching prints one line per refresh, like vmstat, so it reads in a log too.
             Some(interval) => {
                 if out.json() {
-                    println!("{value}");
+                    line(&value.to_string());
                 } else {
                     if first {
-                        println!(
+                        line(&format!(
                             "{:>12} {:>10} {:>10} {:>10} {:>12}",
                             "ready", "delayed", "leased", "dead", "oldest ready"
-                        );
+                        ));
                     }
-                    println!(
+                    line(&format!(
                         "{:>12} {:>10} {:>10} {:>10} {:>12}",
                         cells[0], cells[1], cells[2], cells[3], cells[4]
-                    );
+                    ));
                 }
                 first = false;
                 tokio::select! {

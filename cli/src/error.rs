@@ -1,5 +1,6 @@
 //! What can go wrong, how it is printed, and the exit code each kind maps to.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 /// The exit codes, documented in `inbox --help` and docs/guide.md.
@@ -61,19 +62,21 @@ impl CliError {
             CliError::Database { sqlstate, .. } => Some(sqlstate.as_str()),
             _ => None,
         };
-        if json {
-            let value = serde_json::json!({
+        let text = if json {
+            serde_json::json!({
                 "error": self.message(),
                 "sqlstate": sqlstate,
                 "exit": exit as u8,
-            });
-            eprintln!("{value}");
+            })
+            .to_string()
         } else {
             match sqlstate {
-                Some(code) => eprintln!("error: {} (SQLSTATE {code})", self.message()),
-                None => eprintln!("error: {}", self.message()),
+                Some(code) => format!("error: {} (SQLSTATE {code})", self.message()),
+                None => format!("error: {}", self.message()),
             }
-        }
+        };
+        // Nothing more can be done if standard error is closed; the exit code still says it.
+        let _ = writeln!(std::io::stderr(), "{text}");
         ExitCode::from(exit as u8)
     }
 }

@@ -1,6 +1,7 @@
 //! `inbox metrics`: every queue's gauges (`inbox_metrics()`) at `/metrics`, in the text format
 //! Prometheus scrapes (OpenMetrics), read from the database at each scrape.
 
+use std::io::Write;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -95,7 +96,12 @@ impl Exporter {
                 register_queues(&mut registry, &queues);
             }
             Err(error) => {
-                eprintln!("inbox metrics: scrape failed: {}", describe(&error));
+                // A log line; a closed standard error must not fail the scrape.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "inbox metrics: scrape failed: {}",
+                    describe(&error)
+                );
             }
         }
         let duration = Gauge::<f64, AtomicU64>::default();

@@ -1,5 +1,7 @@
 //! How results are printed: a table for people, JSON for scripts.
 
+use std::io::Write;
+
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{CellAlignment, ContentArrangement, Table};
 use serde_json::Value;
@@ -21,10 +23,23 @@ impl Output {
     /// Prints `value` as one line of JSON, or else `human()`.
     pub fn emit(&self, value: Value, human: impl FnOnce() -> String) {
         if self.json {
-            println!("{value}");
+            line(&value.to_string());
         } else {
-            println!("{}", human());
+            line(&human());
         }
+    }
+}
+
+/// Prints `text` and a newline on standard output. When the reader has gone (`inbox jobs q |
+/// head`), the tool stops quietly, as Unix tools do, instead of failing on every later line.
+pub fn line(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = writeln!(out, "{text}").and_then(|()| out.flush()) {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write the output: {error}");
+        std::process::exit(crate::error::Exit::Io as i32);
     }
 }
 

@@ -250,6 +250,51 @@ async fn jobs_lists_a_queue_by_state_and_errors_carry_their_sqlstate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytea_payloads_are_shown_in_base64_and_a_closed_pipe_ends_quietly() {
+    let db = TestDb::new().await;
+    let queue = format!("{}.blobs", db.schema());
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE blobs (id bigint PRIMARY KEY, attempt int NOT NULL DEFAULT 0, \
+                                 locked_until timestamptz, payload bytea NOT NULL); \
+             INSERT INTO blobs SELECT g, 0, NULL, '\\x0001ff' FROM generate_series(1, 3000) g;",
+        )
+        .await
+        .unwrap();
+    let jobs = json(&db, &["jobs", &queue, "--limit", "2"]);
+    assert_eq!(jobs[0]["payload"]["base64"], "AAH/");
+    assert_eq!(
+        jobs[0]["due"],
+        Value::Null,
+        "a NULL locked_until is due now"
+    );
+    assert_eq!(jobs[0]["state"], "ready");
+
+    // `inbox jobs ... | head`: the reader goes away; the tool stops without a panic.
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("inbox"))
+        .args(["jobs", &queue, "--limit", "3000"])
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_takes_one_job_or_a_stream_in_batches() {
     let db = TestDb::new().await;
     let queue = format!("{}.inbound", db.schema());
@@ -418,10 +463,15 @@ impl Exporter {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        stderr.read_line(&mut line).unwrap();
+        // Keep reading what it logs (a failed scrape), as a terminal or a journal would.
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("exporter: {line}");
+            }
+        });
         let url = line
             .split_whitespace()
             .find(|word| word.starts_with("http://"))

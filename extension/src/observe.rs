@@ -206,9 +206,17 @@ fn queue_metrics(client: &SpiClient<'_>, oid: pg_sys::Oid) -> QueueMetrics {
 }
 
 /// Every queue the caller may read, its schema-qualified name, and its metrics.
+///
+/// Each table is locked (`ACCESS SHARE`, as any query of it would be) before it is read, so that
+/// it cannot be dropped while it is counted; a table that another transaction holds in `ACCESS
+/// EXCLUSIVE` mode at that moment (a `DROP`, an `ALTER`, a `TRUNCATE`, a `VACUUM FULL`) is left
+/// out of this call rather than waited for, so that a migration never stalls monitoring. A table
+/// dropped between the listing and its lock is left out too (the lock brings the catalog caches
+/// up to date, and the table is looked up again in them).
 fn every_queue() -> Vec<(pg_sys::Oid, String, QueueMetrics)> {
+    const MODE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     Spi::connect(|client| {
-        let queues: Vec<(pg_sys::Oid, String)> = client
+        let candidates: Vec<(pg_sys::Oid, String)> = client
             .select(QUEUE_TABLES, None, &[])
             .unwrap_or_else(|e| internal(e))
             .map(|row| {
@@ -218,18 +226,31 @@ fn every_queue() -> Vec<(pg_sys::Oid, String, QueueMetrics)> {
                 )
             })
             .collect();
+        let mut queues = Vec::with_capacity(candidates.len());
+        for (oid, name) in candidates {
+            // SAFETY: lock-manager and syscache calls on an oid. A lock taken is released at the
+            // end of the transaction, as the lock of any query would be; `get_rel_name` returns a
+            // palloc'd copy, or NULL for an oid no longer in the catalog.
+            let present = unsafe {
+                if !pg_sys::ConditionalLockRelationOid(oid, MODE) {
+                    continue;
+                }
+                let present = !pg_sys::get_rel_name(oid).is_null();
+                if !present {
+                    pg_sys::UnlockRelationOid(oid, MODE);
+                }
+                present
+            };
+            if present {
+                queues.push((oid, name, queue_metrics(client, oid)));
+            }
+        }
         queues
-            .into_iter()
-            .map(|(oid, name)| {
-                let metrics = queue_metrics(client, oid);
-                (oid, name, metrics)
-            })
-            .collect()
     })
 }
 
 /// Every queue (table of queue shape) the caller may read, with its counts and ages.
-#[pg_extern(stable, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
 fn inbox_queues() -> TableIterator<
@@ -266,7 +287,7 @@ fn seconds(interval: Option<Interval>) -> Option<f64> {
 
 /// The gauges of every queue, for a monitoring system: counts per state, and ages in seconds
 /// (0 when no job is ready or leased; the lease age is NULL where a table has no `leased_at`).
-#[pg_extern(stable, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
 fn inbox_metrics() -> TableIterator<

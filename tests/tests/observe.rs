@@ -284,3 +284,69 @@ async fn a_bounded_purge_deletes_at_most_max_keys_per_call() {
         .get(0);
     assert_eq!(purged, 1);
 }
+
+#[tokio::test]
+async fn a_queue_locked_exclusively_is_left_out_rather_than_waited_for() {
+    let db = TestDb::new().await;
+    let migration = db.client().await;
+    let monitor = db.client().await;
+    migration
+        .batch_execute("SELECT inbox_create_queue('busy'); SELECT inbox_create_queue('calm')")
+        .await
+        .unwrap();
+    migration
+        .batch_execute("BEGIN; LOCK TABLE busy IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    monitor
+        .batch_execute("SET statement_timeout = '5s'")
+        .await
+        .unwrap();
+    let names = |rows: Vec<(String, i64, i64, i64, i64)>| -> Vec<String> {
+        rows.into_iter().map(|row| row.0).collect()
+    };
+    assert_eq!(names(our_queues(&monitor, db.schema()).await), ["calm"]);
+    migration.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        names(our_queues(&monitor, db.schema()).await),
+        ["busy", "calm"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_dropped_while_the_metrics_are_read_is_left_out() {
+    let db = TestDb::new().await;
+    let migration = db.client().await;
+    let monitor = db.client().await;
+    migration
+        .batch_execute("SELECT inbox_create_queue('steady'); SELECT inbox_create_queue('doomed')")
+        .await
+        .unwrap();
+    migration
+        .batch_execute("BEGIN; DROP TABLE doomed")
+        .await
+        .unwrap();
+    let prefix = format!("{}.", db.schema());
+    let read = tokio::spawn(async move {
+        monitor
+            .query(
+                "SELECT queue FROM inbox_metrics() WHERE starts_with(queue, $1)",
+                &[&prefix],
+            )
+            .await
+            .map(|rows| {
+                rows.iter()
+                    .map(|row| row.get::<_, String>(0))
+                    .collect::<Vec<_>>()
+            })
+    });
+    // The drop commits while the metrics may be waiting for it: they must neither wait for it
+    // nor fail on the table it removed.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    migration.batch_execute("COMMIT").await.unwrap();
+    let queues = read
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("inbox_metrics failed beside a DROP TABLE: {e}"));
+    assert_eq!(queues, [format!("{}.steady", db.schema())]);
+}
