@@ -8,8 +8,8 @@
 //     DATABASE_URL=postgres://... node inbox-example.js   # sets up, runs, prints the outcome
 //
 // node-postgres sends every parameter untyped (as text), and PostgreSQL infers its type from
-// the function called. One call needs a cast: `inbox_ack` has a form for one job (bigint) and
-// one for many (bigint[]), and an untyped id could be either.
+// the function called. The id and token given to `inbox_ack` are cast to bigint, which keeps the
+// call on the one-job form whatever other forms of `inbox_ack` exist.
 //
 // What is exactly once: rows written in this database in the transaction that acks the job (or
 // claims the event). A call to anything outside it (HTTP, e-mail, a card processor) is at least
