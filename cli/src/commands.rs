@@ -75,64 +75,64 @@ pub async fn queues(db: &Db, out: &Output) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The header of `stats`' columns, and one row of them, for the table and for `--watch` lines.
+const STATS_HEADER: [&str; 5] = ["ready", "delayed", "leased", "dead", "oldest ready"];
+
+fn stats_line(cells: &[String; 5]) -> String {
+    format!(
+        "{:>12} {:>10} {:>10} {:>10} {:>12}",
+        cells[0], cells[1], cells[2], cells[3], cells[4]
+    )
+}
+
+/// One reading of `inbox_stats`: the JSON object and the table cells.
+async fn read_stats(db: &Db, queue: &str) -> Result<(Value, [String; 5]), CliError> {
+    let row = db.query_one(sql::STATS, &[&queue]).await?;
+    let [ready, delayed, leased, dead] = counts(&row, 0);
+    let ready_age: Option<f64> = row.get(4);
+    let value = json!({
+        "queue": queue, "ready": ready, "delayed": delayed, "leased": leased, "dead": dead,
+        "oldest_ready_age_seconds": ready_age,
+    });
+    let cells = [
+        ready.to_string(),
+        delayed.to_string(),
+        leased.to_string(),
+        dead.to_string(),
+        age(ready_age),
+    ];
+    Ok((value, cells))
+}
+
 pub async fn stats(db: &Db, out: &Output, queue: &str, watch: Option<f64>) -> Result<(), CliError> {
-    let interval = match watch {
-        None => None,
-        Some(seconds) if seconds.is_finite() && seconds > 0.0 => {
-            Some(Duration::from_secs_f64(seconds))
-        }
-        Some(_) => {
-            return Err(CliError::Usage(
-                "--watch takes a positive number of seconds".into(),
-            ))
-        }
-    };
-    let header = ["ready", "delayed", "leased", "dead", "oldest ready"];
-    let mut first = true;
-    loop {
-        let row = db.query_one(sql::STATS, &[&queue]).await?;
-        let [ready, delayed, leased, dead] = counts(&row, 0);
-        let ready_age: Option<f64> = row.get(4);
-        let value = json!({
-            "queue": queue, "ready": ready, "delayed": delayed, "leased": leased, "dead": dead,
-            "oldest_ready_age_seconds": ready_age,
+    let Some(seconds) = watch else {
+        let (value, cells) = read_stats(db, queue).await?;
+        out.emit(value, || {
+            table(&STATS_HEADER, vec![cells.to_vec()], &[0, 1, 2, 3, 4])
         });
-        let cells = [
-            ready.to_string(),
-            delayed.to_string(),
-            leased.to_string(),
-            dead.to_string(),
-            age(ready_age),
-        ];
-        match interval {
-            None => out.emit(value, || {
-                table(&header, vec![cells.to_vec()], &[0, 1, 2, 3, 4])
-            }),
-            // Watching prints one line per refresh, like vmstat, so it reads in a log too.
-            Some(interval) => {
-                if out.json() {
-                    line(&value.to_string());
-                } else {
-                    if first {
-                        line(&format!(
-                            "{:>12} {:>10} {:>10} {:>10} {:>12}",
-                            "ready", "delayed", "leased", "dead", "oldest ready"
-                        ));
-                    }
-                    line(&format!(
-                        "{:>12} {:>10} {:>10} {:>10} {:>12}",
-                        cells[0], cells[1], cells[2], cells[3], cells[4]
-                    ));
-                }
-                first = false;
-                tokio::select! {
-                    _ = tokio::time::sleep(interval) => {}
-                    _ = tokio::signal::ctrl_c() => return Ok(()),
-                }
-                continue;
-            }
-        }
         return Ok(());
+    };
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(CliError::Usage(
+            "--watch takes a positive number of seconds".into(),
+        ));
+    }
+    let interval = Duration::from_secs_f64(seconds);
+    // One line per refresh, like vmstat, so that it reads in a log too (JSON: one object a line).
+    if !out.json() {
+        line(&stats_line(&STATS_HEADER.map(str::to_owned)));
+    }
+    loop {
+        let (value, cells) = read_stats(db, queue).await?;
+        if out.json() {
+            line(&value.to_string());
+        } else {
+            line(&stats_line(&cells));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
     }
 }
 

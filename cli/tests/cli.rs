@@ -185,6 +185,41 @@ async fn queues_lists_every_table_of_queue_shape_with_its_counts() {
             &Value::from(1)
         )
     );
+
+    // --watch prints one JSON object a line, each read afresh.
+    let mut watch = std::process::Command::new(assert_cmd::cargo::cargo_bin("inbox"))
+        .args([
+            "--json",
+            "stats",
+            &format!("{schema}.mail"),
+            "--watch",
+            "0.1",
+        ])
+        .env("DATABASE_URL", db.url())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut ready = || {
+        let line = lines.next().expect("a line per refresh").unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()["ready"]
+            .as_i64()
+            .unwrap()
+    };
+    assert_eq!(ready(), 2);
+    client
+        .batch_execute("SELECT inbox_enqueue('mail', '{}')")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ready() != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "--watch never showed the new job"
+        );
+    }
+    watch.kill().unwrap();
+    watch.wait().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
