@@ -49,7 +49,7 @@ enum Command {
         #[arg(long, value_name = "SECONDS")]
         watch: Option<f64>,
     },
-    /// List a queue's jobs (all, or those in one state) in the order workers take them.
+    /// List a queue's jobs (all, or those in one state) by due time, with their last error.
     Jobs {
         /// The queue table (optionally schema-qualified).
         queue: String,

@@ -64,23 +64,42 @@ impl State {
     }
 }
 
-/// The conditions that tell a queue's states apart, `$1` being now.
+/// Whether the table has `$1`'s columns of dead-letter time and ordered groups, which tell a
+/// dead job from one waiting behind its group's head (both have `locked_until = 'infinity'`).
+const DEAD_LETTER_COLUMNS: &str = "\
+SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND NOT attisdropped \
+                  AND attname = 'dead_at' AND atttypid = 'timestamptz'::pg_catalog.regtype), \
+       EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND NOT attisdropped \
+                  AND attname = 'group_key' \
+                  AND atttypid IN ('text'::pg_catalog.regtype, 'varchar'::pg_catalog.regtype))";
+
+/// The conditions that tell a queue's states apart, `$1` being now, as `inbox_stats` counts
+/// them: a job waiting behind its group's head is delayed (it is not due until its turn).
 struct States {
     ready: &'static str,
-    /// Not ready and not dead: delayed or leased.
-    waiting: &'static str,
+    /// Due later than now, but not never: delayed or leased.
+    timed: &'static str,
     leased: &'static str,
+    dead: &'static str,
+    /// Waiting behind its group's head (`locked_until = 'infinity'`, `dead_at` NULL).
+    in_group: &'static str,
 }
 
 impl States {
-    fn of(queue: &QueueShape) -> States {
+    fn of(client: &SpiClient<'_>, oid: pg_sys::Oid, queue: &QueueShape) -> States {
+        let row = client
+            .select(DEAD_LETTER_COLUMNS, None, &[oid.into()])
+            .unwrap_or_else(|e| internal(e))
+            .first();
+        let has_dead_at = row.get::<bool>(1).ok().flatten().unwrap_or(false);
+        let has_group_key = row.get::<bool>(2).ok().flatten().unwrap_or(false);
         States {
             ready: if queue.nullable_locked_until {
                 "(locked_until IS NULL OR locked_until <= $1)"
             } else {
                 "locked_until <= $1"
             },
-            waiting: "(locked_until > $1 AND locked_until < 'infinity')",
+            timed: "(locked_until > $1 AND locked_until < 'infinity')",
             // Without `leased_at` a delivered job waiting for its `locked_until` counts as
             // leased, as in `inbox_stats`.
             leased: if queue.has_leased_at {
@@ -88,49 +107,68 @@ impl States {
             } else {
                 "attempt > 0"
             },
+            dead: if has_dead_at {
+                "(locked_until = 'infinity' AND dead_at IS NOT NULL)"
+            } else {
+                "locked_until = 'infinity'"
+            },
+            in_group: if has_dead_at && has_group_key {
+                "(locked_until = 'infinity' AND dead_at IS NULL)"
+            } else {
+                "false"
+            },
         }
+    }
+
+    fn delayed(&self) -> String {
+        format!(
+            "(({} AND NOT ({})) OR {})",
+            self.timed, self.leased, self.in_group
+        )
+    }
+
+    fn leased(&self) -> String {
+        format!("({} AND {})", self.timed, self.leased)
     }
 }
 
 /// `$1` now: the counts of `inbox_stats`, and the ages of the oldest ready job and of the oldest
 /// lease (NULL where the table has no `leased_at`), in one scan.
-fn metrics_sql(queue: &QueueShape) -> Sql {
-    let States {
-        ready,
-        waiting,
-        leased,
-    } = States::of(queue);
+fn metrics_sql(queue: &QueueShape, states: &States) -> Sql {
     let oldest_lease = if queue.has_leased_at {
-        format!("$1 - min(leased_at) FILTER (WHERE {waiting} AND {leased})")
+        format!("$1 - min(leased_at) FILTER (WHERE {})", states.leased())
     } else {
         "NULL::interval".to_owned()
     };
     Sql {
         text: format!(
             "SELECT count(*) FILTER (WHERE {ready}), \
-                    count(*) FILTER (WHERE {waiting} AND NOT ({leased})), \
-                    count(*) FILTER (WHERE {waiting} AND {leased}), \
-                    count(*) FILTER (WHERE locked_until = 'infinity'), \
+                    count(*) FILTER (WHERE {delayed}), \
+                    count(*) FILTER (WHERE {leased}), \
+                    count(*) FILTER (WHERE {dead}), \
                     $1 - min(locked_until) FILTER (WHERE locked_until <= $1), \
                     {oldest_lease} \
-               FROM {}",
-            queue.table
+               FROM {table}",
+            ready = states.ready,
+            delayed = states.delayed(),
+            leased = states.leased(),
+            dead = states.dead,
+            table = queue.table
         ),
         args: vec![pg_sys::TIMESTAMPTZOID],
     }
 }
 
-/// `$1` now, `$2` max: the jobs in `state` (all when `None`) in the order a lease takes them
-/// (dead jobs, all due at infinity, by id), each with its state.
-fn jobs_sql(queue: &QueueShape, state: Option<State>) -> Sql {
-    let states = States::of(queue);
-    let (ready, waiting, leased) = (states.ready, states.waiting, states.leased);
+/// `$1` now, `$2` max: the jobs in `state` (all when `None`) by due time (`locked_until`, where
+/// dead jobs and those waiting behind their group's head are at infinity), then id, each with its
+/// state.
+fn jobs_sql(queue: &QueueShape, states: &States, state: Option<State>) -> Sql {
     let filter = match state {
         None => "true".to_owned(),
-        Some(State::Ready) => ready.to_owned(),
-        Some(State::Delayed) => format!("{waiting} AND NOT ({leased})"),
-        Some(State::Leased) => format!("{waiting} AND {leased}"),
-        Some(State::Dead) => "locked_until = 'infinity'".to_owned(),
+        Some(State::Ready) => states.ready.to_owned(),
+        Some(State::Delayed) => states.delayed(),
+        Some(State::Leased) => states.leased(),
+        Some(State::Dead) => states.dead.to_owned(),
     };
     let nulls = if queue.nullable_locked_until {
         " NULLS FIRST"
@@ -145,11 +183,14 @@ fn jobs_sql(queue: &QueueShape, state: Option<State>) -> Sql {
     Sql {
         text: format!(
             "SELECT id::int8, \
-                    CASE WHEN locked_until = 'infinity' THEN 'dead' WHEN {ready} THEN 'ready' \
+                    CASE WHEN {dead} THEN 'dead' WHEN {ready} THEN 'ready' \
                          WHEN {leased} THEN 'leased' ELSE 'delayed' END, \
                     attempt::int4, locked_until, {last_error}, payload \
-               FROM {} WHERE {filter} ORDER BY locked_until{nulls}, id LIMIT $2",
-            queue.table
+               FROM {table} WHERE {filter} ORDER BY locked_until{nulls}, id LIMIT $2",
+            dead = states.dead,
+            ready = states.ready,
+            leased = states.leased(),
+            table = queue.table
         ),
         args: vec![pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID],
     }
@@ -188,7 +229,7 @@ struct QueueMetrics {
 
 fn queue_metrics(client: &SpiClient<'_>, oid: pg_sys::Oid) -> QueueMetrics {
     let shape = plans::queue(client, oid);
-    let sql = metrics_sql(&shape);
+    let sql = metrics_sql(&shape, &States::of(client, oid, &shape));
     let row = client
         .select(sql.text.as_str(), None, &[clock_now()])
         .unwrap_or_else(|e| internal(e))
@@ -359,7 +400,7 @@ fn inbox_jobs(
     }
     let rows: Vec<JobRow> = Spi::connect(|client| {
         let shape = plans::queue(client, queue);
-        let sql = jobs_sql(&shape, state);
+        let sql = jobs_sql(&shape, &States::of(client, queue, &shape), state);
         let table = client
             .select(sql.text.as_str(), None, &[clock_now(), (max as i64).into()])
             .unwrap_or_else(|e| internal(e));

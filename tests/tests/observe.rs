@@ -350,3 +350,71 @@ async fn a_queue_dropped_while_the_metrics_are_read_is_left_out() {
         .unwrap_or_else(|e| panic!("inbox_metrics failed beside a DROP TABLE: {e}"));
     assert_eq!(queues, [format!("{}.steady", db.schema())]);
 }
+
+#[tokio::test]
+async fn jobs_waiting_behind_their_group_head_are_delayed_not_dead() {
+    // A queue with ordered groups keeps the jobs behind a group's head at
+    // `locked_until = 'infinity'` with `dead_at` NULL; a dead job has `dead_at` set.
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE g (id bigint PRIMARY KEY, attempt int NOT NULL DEFAULT 0, \
+                 locked_until timestamptz NOT NULL, leased_at timestamptz, payload jsonb NOT NULL, \
+                 group_key text, dead_at timestamptz, last_error text); \
+             INSERT INTO g VALUES \
+                 (1, 0, now() - interval '1 second', NULL, '{}', 'a', NULL, NULL), \
+                 (2, 0, 'infinity', NULL, '{}', 'a', NULL, NULL), \
+                 (3, 0, 'infinity', NULL, '{}', 'a', NULL, NULL), \
+                 (4, 3, 'infinity', NULL, '{}', 'b', now(), 'poison');",
+        )
+        .await
+        .unwrap();
+    let prefix = format!("{}.", db.schema());
+    let row = client
+        .query_one(
+            "SELECT ready, delayed, leased, dead FROM inbox_metrics() WHERE queue = $1",
+            &[&format!("{prefix}g")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2),
+            row.get::<_, i64>(3)
+        ),
+        (1, 2, 0, 1)
+    );
+    let states: Vec<(i64, String)> = client
+        .query("SELECT id, state FROM inbox_jobs('g')", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (1, "ready".to_owned()),
+            (2, "delayed".to_owned()),
+            (3, "delayed".to_owned()),
+            (4, "dead".to_owned())
+        ]
+    );
+    let dead: Vec<i64> = client
+        .query("SELECT id FROM inbox_jobs('g', 'dead')", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(dead, [4]);
+    let delayed: i64 = client
+        .query_one("SELECT count(*) FROM inbox_jobs('g', 'delayed')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(delayed, 2);
+}
