@@ -418,3 +418,61 @@ async fn jobs_waiting_behind_their_group_head_are_delayed_not_dead() {
         .get(0);
     assert_eq!(delayed, 2);
 }
+
+#[tokio::test]
+#[ignore = "needs ordered groups and dead_at (inbox_enqueue's group_key) from the queue core"]
+async fn metrics_count_what_inbox_stats_counts_with_ordered_groups() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('grouped'); \
+             SELECT inbox_enqueue('grouped', '{}', group_key => 'a'); \
+             SELECT inbox_enqueue('grouped', '{}', group_key => 'a'); \
+             SELECT inbox_enqueue('grouped', '{}', group_key => 'a'); \
+             SELECT inbox_enqueue('grouped', '{}', group_key => 'b'); \
+             SELECT inbox_enqueue('grouped', '{}', now() + interval '1 hour');",
+        )
+        .await
+        .unwrap();
+    // Dead-letter group b's only job.
+    let row = client
+        .query_one(
+            "SELECT id, token FROM inbox_lease('grouped', 10) AS l \
+              JOIN grouped USING (id) WHERE grouped.group_key = 'b'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (id, token): (i64, i64) = (row.get(0), row.get(1));
+    client
+        .execute(
+            "SELECT inbox_dead('grouped', $1, $2, 'poison')",
+            &[&id, &token],
+        )
+        .await
+        .unwrap();
+    let stats = client
+        .query_one(
+            "SELECT ready, delayed, leased, dead FROM inbox_stats('grouped')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let metrics = client
+        .query_one(
+            "SELECT ready, delayed, leased, dead FROM inbox_metrics() WHERE queue = $1",
+            &[&format!("{}.grouped", db.schema())],
+        )
+        .await
+        .unwrap();
+    let counts = |row: &tokio_postgres::Row| -> Vec<i64> { (0..4).map(|i| row.get(i)).collect() };
+    assert_eq!(counts(&metrics), counts(&stats));
+    assert_eq!(counts(&metrics)[3], 1, "one dead job");
+    let jobs: i64 = client
+        .query_one("SELECT count(*) FROM inbox_jobs('grouped', 'delayed')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, counts(&stats)[1]);
+}
