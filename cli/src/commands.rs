@@ -344,12 +344,28 @@ pub async fn discard(db: &Db, out: &Output, queue: &str, ids: &[i64]) -> Result<
     each_dead_job(db, out, sql::DISCARD, queue, ids, "discarded").await
 }
 
+/// When and where enqueued jobs run: due time, priority, ordered group (each `None` for the
+/// function's default).
+#[derive(Clone, Copy)]
+pub struct Placement<'a> {
+    pub at: Option<&'a str>,
+    pub priority: Option<i32>,
+    pub group: Option<&'a str>,
+}
+
+impl Placement<'_> {
+    /// Whether the call needs the arguments of priorities and groups.
+    fn placed(&self) -> bool {
+        self.priority.is_some() || self.group.is_some()
+    }
+}
+
 /// What `inbox enqueue` was asked to do.
 pub struct EnqueueRequest<'a> {
     pub queue: &'a str,
     pub payload: Option<&'a str>,
-    pub at: Option<&'a str>,
     pub key: Option<&'a str>,
+    pub placement: Placement<'a>,
     pub batch: usize,
 }
 
@@ -357,18 +373,32 @@ pub async fn enqueue(db: &Db, out: &Output, request: EnqueueRequest<'_>) -> Resu
     let EnqueueRequest {
         queue,
         payload,
-        at,
         key,
+        placement,
         batch,
     } = request;
     match payload {
         Some(text) if text != "-" => {
             let payload: Value = serde_json::from_str(text)
                 .map_err(|e| CliError::Usage(format!("the payload is not JSON: {e}")))?;
-            let id: Option<i64> = db
-                .query_one(sql::ENQUEUE, &[&queue, &payload, &at, &key])
+            let row = if placement.placed() {
+                db.query_one(
+                    sql::ENQUEUE_PLACED,
+                    &[
+                        &queue,
+                        &payload,
+                        &placement.at,
+                        &key,
+                        &placement.priority,
+                        &placement.group,
+                    ],
+                )
                 .await?
-                .get(0);
+            } else {
+                db.query_one(sql::ENQUEUE, &[&queue, &payload, &placement.at, &key])
+                    .await?
+            };
+            let id: Option<i64> = row.get(0);
             out.emit(json!({ "id": id }), || match id {
                 Some(id) => format!("enqueued job {id}"),
                 None => "not enqueued: a job with this key is already queued".to_owned(),
@@ -381,7 +411,7 @@ pub async fn enqueue(db: &Db, out: &Output, request: EnqueueRequest<'_>) -> Resu
                     "--key applies to one job, not to jobs read from standard input".into(),
                 ));
             }
-            enqueue_lines(db, out, queue, at, batch).await
+            enqueue_lines(db, out, queue, placement, batch).await
         }
     }
 }
@@ -393,7 +423,7 @@ async fn enqueue_lines(
     db: &Db,
     out: &Output,
     queue: &str,
-    at: Option<&str>,
+    placement: Placement<'_>,
     batch: usize,
 ) -> Result<(), CliError> {
     let progress = if std::io::stderr().is_terminal() {
@@ -429,13 +459,13 @@ async fn enqueue_lines(
             }
         }
         if pending.len() == batch {
-            enqueued += send_batch(db, queue, &pending, at).await?;
+            enqueued += send_batch(db, queue, &pending, placement).await?;
             progress.set_position(enqueued as u64);
             pending.clear();
         }
     };
     if failure.is_none() && !pending.is_empty() {
-        enqueued += send_batch(db, queue, &pending, at).await?;
+        enqueued += send_batch(db, queue, &pending, placement).await?;
     }
     progress.finish_and_clear();
     if let Some(failure) = failure {
@@ -451,12 +481,26 @@ async fn send_batch(
     db: &Db,
     queue: &str,
     payloads: &[Value],
-    at: Option<&str>,
+    placement: Placement<'_>,
 ) -> Result<i64, CliError> {
-    Ok(db
-        .query_one(sql::ENQUEUE_BATCH, &[&queue, &payloads, &at])
+    let row = if placement.placed() {
+        let groups: Option<Vec<&str>> = placement.group.map(|group| vec![group; payloads.len()]);
+        db.query_one(
+            sql::ENQUEUE_BATCH_PLACED,
+            &[
+                &queue,
+                &payloads,
+                &placement.at,
+                &placement.priority,
+                &groups,
+            ],
+        )
         .await?
-        .get(0))
+    } else {
+        db.query_one(sql::ENQUEUE_BATCH, &[&queue, &payloads, &placement.at])
+            .await?
+    };
+    Ok(row.get(0))
 }
 
 pub async fn purge(

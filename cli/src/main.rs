@@ -130,6 +130,12 @@ struct EnqueueArgs {
     /// A dedup key: nothing is enqueued while a job with this key is queued.
     #[arg(long, value_name = "K")]
     key: Option<String>,
+    /// The jobs' priority: higher runs first (default 0).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    priority: Option<i32>,
+    /// An ordered group: the jobs of one group run one at a time, in enqueue order.
+    #[arg(long, value_name = "G")]
+    group: Option<String>,
     /// Jobs per transaction when reading standard input.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     batch: u32,
@@ -201,8 +207,12 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                         commands::EnqueueRequest {
                             queue: &args.queue,
                             payload: args.payload.as_deref(),
-                            at: args.at.as_deref(),
                             key: args.key.as_deref(),
+                            placement: commands::Placement {
+                                at: args.at.as_deref(),
+                                priority: args.priority,
+                                group: args.group.as_deref(),
+                            },
                             batch: args.batch as usize,
                         },
                     )

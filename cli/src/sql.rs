@@ -32,6 +32,17 @@ pub const DISCARD: &str = "SELECT inbox_discard($1::text::regclass, $2::int8)";
 pub const ENQUEUE: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
      coalesce($3::text::timestamptz, now()), $4::text)";
 
+/// `inbox_enqueue(queue, payload, run_at, key, priority, group_key)`, for a job given a priority
+/// or a group (0 is the function's default priority).
+pub const ENQUEUE_PLACED: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
+     coalesce($3::text::timestamptz, now()), $4::text, coalesce($5::int4, 0), $6::text)";
+
+/// `inbox_enqueue_batch(queue, payloads, run_at, keys, priority, group_keys)`: how many were
+/// inserted, for jobs given a priority or a group.
+pub const ENQUEUE_BATCH_PLACED: &str = "SELECT count(*) FROM inbox_enqueue_batch(\
+     $1::text::regclass, $2::jsonb[], coalesce($3::text::timestamptz, now()), NULL::text[], \
+     coalesce($4::int4, 0), $5::text[])";
+
 /// `inbox_enqueue_batch(queue, payloads, run_at)`: how many were inserted.
 pub const ENQUEUE_BATCH: &str = "SELECT count(*) FROM inbox_enqueue_batch($1::text::regclass, \
      $2::jsonb[], coalesce($3::text::timestamptz, now()))";

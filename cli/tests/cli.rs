@@ -702,3 +702,58 @@ async fn schedules_lists_a_queue_schedules() {
     assert_eq!(schedules[0]["payload"]["report"], true);
     assert!(schedules[0]["next_tick"].is_string());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs priorities and ordered groups (inbox_enqueue's priority and group_key)"]
+async fn enqueue_places_jobs_by_priority_and_group() {
+    let db = TestDb::new().await;
+    let queue = format!("{}.placed", db.schema());
+    let client = db.client().await;
+    client
+        .batch_execute("SELECT inbox_create_queue('placed')")
+        .await
+        .unwrap();
+    json(
+        &db,
+        &["enqueue", &queue, r#"{"n": "low"}"#, "--priority", "-1"],
+    );
+    json(
+        &db,
+        &["enqueue", &queue, r#"{"n": "high"}"#, "--priority", "7"],
+    );
+    let lines: String = (0..5).map(|n| format!("{{\"g\": {n}}}\n")).collect();
+    let output = inbox(&db)
+        .args([
+            "--json", "enqueue", &queue, "--group", "cart-1", "--batch", "2",
+        ])
+        .write_stdin(lines)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let priorities: Vec<(String, i32)> = client
+        .query(
+            "SELECT payload->>'n', priority FROM placed WHERE payload ? 'n' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(priorities, [("low".to_owned(), -1), ("high".to_owned(), 7)]);
+    let grouped: i64 = count(
+        &client,
+        "SELECT count(*) FROM placed WHERE group_key = 'cart-1'",
+    )
+    .await;
+    assert_eq!(grouped, 5);
+    // One head of the group is ready; the four behind it wait, and count as delayed.
+    let stats = json(&db, &["stats", &queue]);
+    assert_eq!(stats["ready"], 3, "low, high and the group's head");
+    assert_eq!(stats["delayed"], 4);
+}
