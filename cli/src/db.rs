@@ -121,3 +121,34 @@ impl Db {
             .map_err(|e| self.secret.error(e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_of_a_url_or_key_value_string_is_scrubbed() {
+        for url in [
+            "postgres://app:pa55-word@db.internal:5432/app",
+            "host=db.internal user=app password=pa55-word dbname=app",
+        ] {
+            let (config, secret) = config(url).unwrap();
+            assert_eq!(config.get_application_name(), Some("inbox-cli"));
+            assert_eq!(
+                secret.scrub("auth failed for pa55-word, pa55-word".to_owned()),
+                "auth failed for ********, ********"
+            );
+        }
+        let (_, none) = config("postgres://app@db.internal/app").unwrap();
+        assert_eq!(none.scrub("nothing to hide".to_owned()), "nothing to hide");
+    }
+
+    #[test]
+    fn a_malformed_url_is_a_usage_error_that_does_not_echo_it() {
+        let Err(CliError::Usage(message)) = config("postgres://app:pa55-word@db:notaport/app")
+        else {
+            panic!("a bad port is a usage error");
+        };
+        assert!(!message.contains("pa55-word"), "{message}");
+    }
+}
