@@ -140,3 +140,18 @@ prepare_database() {
   DATABASE_URL="$(fresh_database "$1")"
   export DATABASE_URL
 }
+
+# ensure_example_runtimes: what examples/run.sh needs, from Debian where missing: python3 with
+# venv (the Python example's virtualenv) and node with npm (the Node example).
+ensure_example_runtimes() {
+  local missing=()
+  command -v python3 >/dev/null || missing+=(python3)
+  python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
+  if ((${#missing[@]})); then
+    echo "installing ${missing[*]}"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+  fi
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: rustfmt, clippy, the extension's #[pg_test]s (cargo pgrx test), then the
-# workspace's integration tests against a fresh database with the extension installed.
+# workspace's integration tests (the `inbox` CLI's included) and the Python and Node examples
+# against a fresh database with the extension installed.
 # Works from any directory; run as root (Postgres runs as user postgres).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -40,6 +41,10 @@ psql "$url" -X -q -v ON_ERROR_STOP=1 -f sql/tour.sql >/dev/null
 
 banner "cargo test (integration tests against $url)"
 INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --profile ci
+
+banner "the Python and Node examples (examples/run.sh against $url)"
+ensure_example_runtimes
+DATABASE_URL="$url" examples/run.sh
 
 banner "the upgrade from the previous release (scripts/upgrade-test.sh)"
 ./scripts/upgrade-test.sh "$INBOX_PG_URL"

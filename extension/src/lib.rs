@@ -1,7 +1,9 @@
 //! `inbox`: a dedup ledger and SKIP LOCKED job queues inside PostgreSQL.
 //!
 //! Every SQL function of the extension is declared in [`ledger`] or [`queue`]; the SQL they run
-//! is in [`statements`], prepared once per table and backend by [`plans`]. The public contract
+//! is in [`statements`], prepared once per table and backend by [`plans`]. What operators and
+//! exporters read (`inbox_queues`, `inbox_metrics`, `inbox_jobs`) is declared in `observe.rs`,
+//! with its statements, built per call. The public contract
 //! (arguments, results, SQLSTATEs) is documented in `docs/sql-api.md`.
 
 use pgrx::prelude::*;
@@ -10,6 +12,7 @@ mod datum;
 mod error;
 pub mod ledger;
 mod names;
+mod observe;
 mod plans;
 pub mod queue;
 mod shape;

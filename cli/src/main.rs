@@ -1,0 +1,241 @@
+//! `inbox`: the operator's command-line tool for the `inbox` PostgreSQL extension.
+//!
+//! Every subcommand calls the extension's SQL functions (the statements are in [`sql`]) on one
+//! connection, prints a table or, with `--json`, JSON, and exits with a code a script can test
+//! (see [`error::Exit`]).
+
+mod commands;
+mod db;
+mod error;
+mod metrics;
+mod output;
+mod sql;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::error::CliError;
+
+/// Operate the job queues and dedup ledgers of the `inbox` PostgreSQL extension.
+///
+/// Exit codes: 0 success; 1 the database refused a statement (its SQLSTATE is printed);
+/// 2 bad usage or input; 3 the database cannot be reached; 4 some of the given job ids were
+/// not found in the state the command acts on; 5 any other failure (I/O, the metrics server).
+#[derive(Debug, Parser)]
+#[command(name = "inbox", version, propagate_version = true)]
+struct Cli {
+    /// The database to connect to, as a libpq URL or key=value string.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    database_url: Option<String>,
+
+    /// Print JSON for scripts instead of tables (errors too, on standard error).
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List every queue in the database with its ready, delayed, leased and dead jobs and ages.
+    Queues,
+    /// Show one queue's job counts and oldest ready age, once or every few seconds.
+    Stats {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+        /// Print a new line every SECONDS seconds until interrupted.
+        #[arg(long, value_name = "SECONDS")]
+        watch: Option<f64>,
+    },
+    /// List a queue's jobs (all, or those in one state) by due time, with their last error.
+    Jobs {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+        /// Only jobs in this state.
+        #[arg(long, value_enum)]
+        state: Option<JobState>,
+        /// At most this many jobs.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i32).range(1..))]
+        limit: i32,
+    },
+    /// List a queue's dead-lettered jobs with their last error.
+    Dead {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+        /// At most this many jobs.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i32).range(1..))]
+        limit: i32,
+    },
+    /// Put dead-lettered jobs back in the queue, due now.
+    Requeue(RequeueArgs),
+    /// Delete dead-lettered jobs for good.
+    Discard {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+        /// The ids of the dead jobs to delete.
+        #[arg(required = true, num_args = 1..)]
+        ids: Vec<i64>,
+    },
+    /// Enqueue one JSON job, or one job per line of standard input, in batches.
+    Enqueue(EnqueueArgs),
+    /// Delete a ledger's keys older than a duration, in bounded batches, each its own transaction.
+    Purge {
+        /// The ledger table (optionally schema-qualified).
+        ledger: String,
+        /// Keys seen longer ago than this go (a PostgreSQL interval: '30 days', '12h', ...).
+        #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+        older_than: String,
+        /// Most keys deleted per transaction.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..))]
+        batch: i64,
+    },
+    /// List a queue's schedules with their next tick.
+    Schedules {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+    },
+    /// Serve every queue's gauges at /metrics in the Prometheus text format.
+    Metrics {
+        /// The address to listen on (port 0 picks a free one; the address is printed).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9633")]
+        listen: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("which").required(true).args(["ids", "all"]))]
+struct RequeueArgs {
+    /// The queue table (optionally schema-qualified).
+    queue: String,
+    /// The ids of the dead jobs to requeue.
+    #[arg(num_args = 1..)]
+    ids: Vec<i64>,
+    /// Requeue every dead job of the queue (in batches, each its own transaction).
+    #[arg(long)]
+    all: bool,
+}
+
+#[derive(Debug, Args)]
+struct EnqueueArgs {
+    /// The queue table (optionally schema-qualified).
+    queue: String,
+    /// The job's payload; without it (or with `-`), one JSON payload per line of standard input.
+    #[arg(value_name = "JSON")]
+    payload: Option<String>,
+    /// When the job is due (any PostgreSQL timestamptz, e.g. '2030-01-01 09:00+00'); default now.
+    #[arg(long, value_name = "TIME")]
+    at: Option<String>,
+    /// A dedup key: nothing is enqueued while a job with this key is queued.
+    #[arg(long, value_name = "K")]
+    key: Option<String>,
+    /// The jobs' priority: higher runs first (default 0).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    priority: Option<i32>,
+    /// An ordered group: the jobs of one group run one at a time, in enqueue order.
+    #[arg(long, value_name = "G")]
+    group: Option<String>,
+    /// Jobs per transaction when reading standard input.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    batch: u32,
+}
+
+/// The states `inbox jobs --state` filters on.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum JobState {
+    Ready,
+    Delayed,
+    Leased,
+    Dead,
+}
+
+impl JobState {
+    fn as_str(self) -> &'static str {
+        match self {
+            JobState::Ready => "ready",
+            JobState::Delayed => "delayed",
+            JobState::Leased => "leased",
+            JobState::Dead => "dead",
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json = cli.json;
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return CliError::Io(format!("cannot start the runtime: {e}")).report(json),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => error.report(json),
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let url = cli.database_url.ok_or_else(|| {
+        CliError::Usage("no database given: set DATABASE_URL or pass --database-url".into())
+    })?;
+    let out = output::Output::new(cli.json);
+    match cli.command {
+        Command::Metrics { listen } => metrics::serve(&url, &listen).await,
+        command => {
+            let db = db::Db::connect(&url).await?;
+            match command {
+                Command::Queues => commands::queues(&db, &out).await,
+                Command::Stats { queue, watch } => commands::stats(&db, &out, &queue, watch).await,
+                Command::Jobs {
+                    queue,
+                    state,
+                    limit,
+                } => commands::jobs(&db, &out, &queue, state.map(JobState::as_str), limit).await,
+                Command::Dead { queue, limit } => commands::dead(&db, &out, &queue, limit).await,
+                Command::Requeue(args) => {
+                    commands::requeue(&db, &out, &args.queue, &args.ids, args.all).await
+                }
+                Command::Discard { queue, ids } => commands::discard(&db, &out, &queue, &ids).await,
+                Command::Enqueue(args) => {
+                    commands::enqueue(
+                        &db,
+                        &out,
+                        commands::EnqueueRequest {
+                            queue: &args.queue,
+                            payload: args.payload.as_deref(),
+                            key: args.key.as_deref(),
+                            placement: commands::Placement {
+                                at: args.at.as_deref(),
+                                priority: args.priority,
+                                group: args.group.as_deref(),
+                            },
+                            batch: args.batch as usize,
+                        },
+                    )
+                    .await
+                }
+                Command::Purge {
+                    ledger,
+                    older_than,
+                    batch,
+                } => commands::purge(&db, &out, &ledger, &older_than, batch).await,
+                Command::Schedules { queue } => commands::schedules(&db, &out, &queue).await,
+                Command::Metrics { .. } => unreachable!("handled above"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,247 @@
+//! `inbox metrics`: every queue's gauges (`inbox_metrics()`) at `/metrics`, in the text format
+//! Prometheus scrapes (OpenMetrics), read from the database at each scrape.
+
+use std::io::Write;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_postgres::NoTls;
+
+use crate::db::{self, Secret};
+use crate::error::CliError;
+use crate::sql;
+
+/// How long one scrape's query may run before the server cancels it.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+const CONTENT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    queue: String,
+    state: String,
+}
+
+struct Exporter {
+    pool: Pool,
+    secret: Secret,
+}
+
+/// One queue's row of `inbox_metrics()`.
+struct QueueGauges {
+    queue: String,
+    counts: [(&'static str, i64); 4],
+    oldest_ready_age: f64,
+    oldest_lease_age: Option<f64>,
+}
+
+impl Exporter {
+    async fn read(&self) -> Result<Vec<QueueGauges>, CliError> {
+        let client = self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => self.secret.error(e),
+            other => CliError::Connect(self.secret.scrub(other.to_string())),
+        })?;
+        let rows = client
+            .query(sql::METRICS, &[])
+            .await
+            .map_err(|e| self.secret.error(e))?;
+        Ok(rows
+            .iter()
+            .map(|row| QueueGauges {
+                queue: row.get(0),
+                counts: [
+                    ("ready", row.get(1)),
+                    ("delayed", row.get(2)),
+                    ("leased", row.get(3)),
+                    ("dead", row.get(4)),
+                ],
+                oldest_ready_age: row.get(5),
+                oldest_lease_age: row.get(6),
+            })
+            .collect())
+    }
+
+    /// The body of one scrape: the queues' gauges, and `inbox_up` 0 when they cannot be read.
+    async fn scrape(&self) -> String {
+        let started = Instant::now();
+        let result = self.read().await;
+        let mut registry = Registry::default();
+        let up = Gauge::<i64>::default();
+        registry.register(
+            "inbox_up",
+            "Whether the last scrape read the queues from the database (1) or failed (0)",
+            up.clone(),
+        );
+        match result {
+            Ok(queues) => {
+                up.set(1);
+                register_queues(&mut registry, &queues);
+            }
+            Err(error) => {
+                // A log line; a closed standard error must not fail the scrape.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "inbox metrics: scrape failed: {}",
+                    describe(&error)
+                );
+            }
+        }
+        let duration = Gauge::<f64, AtomicU64>::default();
+        duration.set(started.elapsed().as_secs_f64());
+        registry.register(
+            "inbox_scrape_duration_seconds",
+            "How long reading the queues from the database took",
+            duration,
+        );
+        let mut body = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut body, &registry);
+        body
+    }
+}
+
+fn register_queues(registry: &mut Registry, queues: &[QueueGauges]) {
+    let jobs = Family::<StateLabels, Gauge>::default();
+    let ready_age = Family::<QueueLabels, Gauge<f64, AtomicU64>>::default();
+    let lease_age = Family::<QueueLabels, Gauge<f64, AtomicU64>>::default();
+    for queue in queues {
+        for (state, count) in queue.counts {
+            jobs.get_or_create(&StateLabels {
+                queue: queue.queue.clone(),
+                state: state.to_owned(),
+            })
+            .set(count);
+        }
+        let labels = QueueLabels {
+            queue: queue.queue.clone(),
+        };
+        ready_age.get_or_create(&labels).set(queue.oldest_ready_age);
+        if let Some(age) = queue.oldest_lease_age {
+            lease_age.get_or_create(&labels).set(age);
+        }
+    }
+    registry.register(
+        "inbox_jobs",
+        "Jobs per queue and state (ready, delayed, leased, dead)",
+        jobs,
+    );
+    registry.register(
+        "inbox_oldest_ready_age_seconds",
+        "How long the oldest ready job has been due (0 when none is ready)",
+        ready_age,
+    );
+    registry.register(
+        "inbox_oldest_lease_age_seconds",
+        "How long the oldest current lease has been held (0 when none; absent for tables without leased_at)",
+        lease_age,
+    );
+}
+
+fn describe(error: &CliError) -> String {
+    match error {
+        CliError::Database { sqlstate, message } => format!("{message} (SQLSTATE {sqlstate})"),
+        CliError::Usage(m) | CliError::Connect(m) | CliError::NotFound(m) | CliError::Io(m) => {
+            m.clone()
+        }
+    }
+}
+
+async fn metrics(State(exporter): State<Arc<Exporter>>) -> impl IntoResponse {
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, CONTENT)],
+        exporter.scrape().await,
+    )
+}
+
+async fn index() -> &'static str {
+    "inbox metrics: see /metrics\n"
+}
+
+/// Serves `/metrics` on `listen` until interrupted (Ctrl-C or SIGTERM). The database is read
+/// once before listening, so a wrong URL or a database without the extension fails at once.
+pub async fn serve(url: &str, listen: &str) -> Result<(), CliError> {
+    let (mut config, secret) = db::config(url)?;
+    // Bound each scrape's query; keep any options the URL set.
+    let timeout = format!("-c statement_timeout={}", SCRAPE_TIMEOUT.as_millis());
+    let options = match config.get_options() {
+        Some(options) => format!("{options} {timeout}"),
+        None => timeout,
+    };
+    config.options(&options);
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(2)
+        .build()
+        .map_err(|e| CliError::Io(format!("cannot build the connection pool: {e}")))?;
+    let exporter = Arc::new(Exporter { pool, secret });
+    exporter.read().await.map_err(|e| match e {
+        // A session that cannot be opened is a connection failure, as for the other commands.
+        CliError::Database { sqlstate, message }
+            if sqlstate.starts_with("28") || sqlstate == "3D000" =>
+        {
+            CliError::Connect(format!("{message} (SQLSTATE {sqlstate})"))
+        }
+        other => other,
+    })?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| CliError::Io(format!("cannot listen on {listen}: {e}")))?;
+    let address = listener.local_addr()?;
+    eprintln!("inbox metrics: serving http://{address}/metrics");
+    let app = Router::new()
+        .route("/", get(index))
+        .route("/metrics", get(metrics))
+        .with_state(exporter);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown())
+        .await
+        .map_err(|e| CliError::Io(format!("the metrics server failed: {e}")))
+}
+
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
