@@ -12,6 +12,7 @@ pub mod ledger;
 mod names;
 mod plans;
 pub mod queue;
+pub mod schedule;
 mod shape;
 mod statements;
 
