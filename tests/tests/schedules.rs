@@ -175,7 +175,7 @@ async fn every_second_for_ten_seconds_one_job_per_tick_across_workers_and_a_rest
         })
     });
     let start = |db: &PgDatabase, claim: Claim| {
-        Worker::transactional(db.clone(), "ticks", handler.clone())
+        Worker::transactional(db.clone(), "ticks", handler)
             .workers(4)
             .claim(claim)
             .poll_interval(Duration::from_millis(100))
