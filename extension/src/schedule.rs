@@ -56,6 +56,22 @@ CREATE POLICY inbox_periodic_jobs_fire ON inbox_periodic_jobs FOR UPDATE
     USING (pg_catalog.has_table_privilege(queue, 'INSERT'));
 CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
     USING (pg_catalog.has_table_privilege(queue, 'INSERT'));
+
+-- A dropped queue takes its schedules with it. The privilege checks above cannot see a table
+-- that is gone, so this one function runs with its owner's rights; it deletes only the
+-- schedules of the tables the command dropped.
+CREATE FUNCTION inbox_drop_schedules_of_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM @extschema@.inbox_periodic_jobs
+     WHERE queue::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                             AND objsubid = 0);
+END
+$$;
+REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
+CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
+    EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
 "#,
     name = "periodic_jobs"
 );

@@ -433,6 +433,40 @@ async fn replace_and_unschedule() {
     assert_eq!((schedules, queued), (0, 1));
 }
 
+/// Dropping a queue drops its schedules (and only its own), also through `DROP SCHEMA CASCADE`.
+#[tokio::test]
+async fn a_dropped_queue_takes_its_schedules_with_it() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('kept'); SELECT inbox_create_queue('dropped'); \
+             SELECT inbox_schedule('kept', 'a', '* * * * *'); \
+             SELECT inbox_schedule('dropped', 'a', '* * * * *'); \
+             SELECT inbox_schedule('dropped', 'b', '0 0 * * *');",
+        )
+        .await
+        .unwrap();
+    let oid: u32 = client
+        .query_one("SELECT 'dropped'::regclass::oid", &[])
+        .await
+        .unwrap()
+        .get(0);
+    client.batch_execute("DROP TABLE dropped").await.unwrap();
+    let left: Vec<(String, String)> = client
+        .query(
+            "SELECT queue::text, name FROM inbox_periodic_jobs \
+              WHERE queue::oid = $1 OR queue = 'kept'::regclass",
+            &[&oid],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(left, [("kept".to_owned(), "a".to_owned())]);
+}
+
 /// Both forms of cron expression, nicknames, and the time zone the ticks are read in.
 #[tokio::test]
 async fn five_and_six_field_expressions_in_their_time_zone() {
