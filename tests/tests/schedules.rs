@@ -337,6 +337,62 @@ async fn a_weekly_schedule_keeps_its_next_tick_across_connections() {
     assert_eq!(next_tick(&restarted, "jobs", "weekly").await, stored);
 }
 
+/// A lock fires a due tick in its own transaction: meanwhile other callers skip the schedule
+/// (they neither wait nor fire it), a rollback undoes the firing so the next caller fires the
+/// same tick, and a commit makes it fired for everyone.
+#[tokio::test]
+async fn a_tick_fired_in_an_open_transaction_is_skipped_by_others_and_undone_by_its_rollback() {
+    let db = TestDb::new().await;
+    let a = db.client().await;
+    let b = db.client().await;
+    create_queue(&a, "jobs").await;
+    a.batch_execute(
+        "SELECT inbox_schedule('jobs', 'weekly', '0 3 * * 0'); \
+         UPDATE inbox_periodic_jobs SET next_tick = next_tick - interval '7 days' \
+          WHERE queue = 'jobs'::regclass",
+    )
+    .await
+    .unwrap();
+    let due = next_tick(&a, "jobs", "weekly").await;
+    let key = format!("schedule:weekly:{}", due.format("%Y-%m-%dT%H:%M:%SZ"));
+    let committed_jobs = |client| async move {
+        let client: &Client = client;
+        client
+            .query_one("SELECT count(*) FROM jobs", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+
+    for outcome in ["ROLLBACK", "COMMIT"] {
+        a.batch_execute("BEGIN").await.unwrap();
+        let locked = a
+            .query("SELECT id FROM inbox_lock('jobs')", &[])
+            .await
+            .unwrap();
+        assert_eq!(locked.len(), 1, "the lock fires the tick and takes its job");
+        // The other connection neither blocks nor fires the tick a second time.
+        let taken = tokio::time::timeout(
+            Duration::from_secs(5),
+            b.query("SELECT id FROM inbox_lease('jobs', 10)", &[]),
+        )
+        .await
+        .expect("a lease does not wait for a schedule being fired")
+        .unwrap();
+        assert!(taken.is_empty());
+        assert_eq!(committed_jobs(&b).await, 0);
+        assert_eq!(next_tick(&b, "jobs", "weekly").await, due);
+        a.batch_execute(outcome).await.unwrap();
+    }
+    // The rolled-back firing left no trace; the committed one fired the tick once, and its job
+    // (locked, not settled) is still queued under the tick's key.
+    assert_eq!(fired_keys(&b, "jobs").await, [key.clone()]);
+    assert!(next_tick(&b, "jobs", "weekly").await > due);
+    assert_eq!(lease_and_ack(&b, "jobs").await.len(), 1);
+    assert!(lease_and_ack(&b, "jobs").await.is_empty());
+    assert_eq!(fired_keys(&b, "jobs").await, [key]);
+}
+
 /// Replacing a schedule changes its payload at once and keeps its next tick unless the cron
 /// expression or time zone changed; unscheduling stops its ticks and leaves its jobs queued.
 #[tokio::test]
