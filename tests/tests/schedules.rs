@@ -386,7 +386,7 @@ async fn a_tick_fired_in_an_open_transaction_is_skipped_by_others_and_undone_by_
     }
     // The rolled-back firing left no trace; the committed one fired the tick once, and its job
     // (locked, not settled) is still queued under the tick's key.
-    assert_eq!(fired_keys(&b, "jobs").await, [key.clone()]);
+    assert_eq!(fired_keys(&b, "jobs").await, std::slice::from_ref(&key));
     assert!(next_tick(&b, "jobs", "weekly").await > due);
     assert_eq!(lease_and_ack(&b, "jobs").await.len(), 1);
     assert!(lease_and_ack(&b, "jobs").await.is_empty());
