@@ -558,3 +558,131 @@ fn inbox_schedules(
     });
     TableIterator::new(rows)
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use chrono::{DateTime, Utc};
+    use pgrx::prelude::*;
+
+    use super::{tick_key, Timetable};
+
+    fn at(time: &str) -> DateTime<Utc> {
+        time.parse().expect("an RFC 3339 time")
+    }
+
+    fn ticks(cron: &str, zone: &str, from: &str, count: usize) -> Vec<DateTime<Utc>> {
+        let timetable = Timetable::parse(cron, zone).expect("a valid schedule");
+        let mut time = at(from);
+        (0..count)
+            .map(|_| {
+                time = timetable.next_after(time).expect("a next tick");
+                time
+            })
+            .collect()
+    }
+
+    #[pg_test]
+    fn five_fields_are_minutes_and_six_start_with_seconds() {
+        assert_eq!(
+            ticks("*/20 * * * *", "UTC", "2026-02-01T00:00:00Z", 2),
+            [at("2026-02-01T00:20:00Z"), at("2026-02-01T00:40:00Z")]
+        );
+        assert_eq!(
+            ticks("*/20 * * * * *", "UTC", "2026-02-01T00:00:00.5Z", 2),
+            [at("2026-02-01T00:00:20Z"), at("2026-02-01T00:00:40Z")]
+        );
+        assert!(Timetable::parse("* * * *", "UTC").is_err());
+        assert!(Timetable::parse("0 0 1 1 * * 2030", "UTC").is_err());
+        assert!(Timetable::parse("* * * * *", "utc").is_err());
+    }
+
+    /// Either restricted day field matches, as in Vixie cron: Fridays and the 13th.
+    #[pg_test]
+    fn restricted_day_of_month_and_day_of_week_each_match() {
+        assert_eq!(
+            ticks("0 0 13 * 5", "UTC", "2026-01-01T00:00:00Z", 3),
+            [
+                at("2026-01-02T00:00:00Z"),
+                at("2026-01-09T00:00:00Z"),
+                at("2026-01-13T00:00:00Z")
+            ]
+        );
+    }
+
+    /// 02:30 does not exist in Berlin on 2026-03-29 (02:00 becomes 03:00): that day's tick is
+    /// at 03:00 local, once.
+    #[pg_test]
+    fn a_tick_in_the_spring_gap_fires_once_after_it() {
+        assert_eq!(
+            ticks("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", 3),
+            [
+                at("2026-03-29T01:00:00Z"),
+                at("2026-03-30T00:30:00Z"),
+                at("2026-03-31T00:30:00Z")
+            ]
+        );
+    }
+
+    /// 02:30 happens twice in Berlin on 2026-10-25 (03:00 becomes 02:00): it fires once, at the
+    /// first; after it, the next tick is the next day's.
+    #[pg_test]
+    fn a_tick_repeated_in_the_autumn_fires_once() {
+        assert_eq!(
+            ticks("30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z", 2),
+            [at("2026-10-25T00:30:00Z"), at("2026-10-26T01:30:00Z")]
+        );
+        let timetable = Timetable::parse("30 2 * * *", "Europe/Berlin").unwrap();
+        // Fired late, after the repeated 02:30 too: one tick, then the next day's.
+        let (_, next) = timetable
+            .fire(at("2026-10-25T00:30:00Z"), at("2026-10-25T01:40:00Z"))
+            .unwrap();
+        assert_eq!(next, at("2026-10-26T01:30:00Z"));
+    }
+
+    #[pg_test]
+    fn a_zone_keeps_its_local_time_across_dst() {
+        assert_eq!(
+            ticks("0 9 * * *", "America/New_York", "2026-03-07T20:00:00Z", 2),
+            [at("2026-03-08T13:00:00Z"), at("2026-03-09T13:00:00Z")]
+        );
+        assert_eq!(
+            ticks("0 9 * * *", "America/New_York", "2026-01-07T20:00:00Z", 1),
+            [at("2026-01-08T14:00:00Z")]
+        );
+    }
+
+    /// Missed ticks collapse into the latest at the firing; the next tick is after the firing.
+    #[pg_test]
+    fn missed_ticks_fire_as_the_latest_only() {
+        let every_second = Timetable::parse("* * * * * *", "UTC").unwrap();
+        assert_eq!(
+            every_second
+                .fire(at("2026-02-01T00:00:01Z"), at("2026-02-01T00:00:03.5Z"))
+                .unwrap(),
+            (at("2026-02-01T00:00:03Z"), at("2026-02-01T00:00:04Z"))
+        );
+        let weekly = Timetable::parse("0 3 * * 0", "UTC").unwrap();
+        assert_eq!(
+            weekly
+                .fire(at("2026-11-01T03:00:00Z"), at("2026-11-30T12:00:00Z"))
+                .unwrap(),
+            (at("2026-11-29T03:00:00Z"), at("2026-12-06T03:00:00Z"))
+        );
+        // On time: the due tick itself.
+        assert_eq!(
+            weekly
+                .fire(at("2026-11-29T03:00:00Z"), at("2026-11-29T03:00:00.2Z"))
+                .unwrap(),
+            (at("2026-11-29T03:00:00Z"), at("2026-12-06T03:00:00Z"))
+        );
+    }
+
+    #[pg_test]
+    fn a_tick_key_names_the_schedule_and_the_tick_in_utc() {
+        assert_eq!(
+            tick_key("nightly", at("2026-12-01T03:00:00+01:00")),
+            "schedule:nightly:2026-12-01T02:00:00Z"
+        );
+    }
+}
