@@ -9,8 +9,8 @@
 //! - [`Clock`]: the time port, with [`SystemClock`] and [`ManualClock`].
 //! - [`Inbox`]: a dedup ledger whose claims are the extension's functions (`inbox_claim`, ...),
 //!   so that an event's effect is applied once however often the event is delivered.
-//! - [`Queue`]: enqueue jobs (through any [`Database`], so inside a transaction too) and read a
-//!   queue's counts.
+//! - [`Queue`]: enqueue jobs (through any [`Database`], so inside a transaction too), read a
+//!   queue's counts, and declare its [`Schedule`]s (periodic jobs, one job per tick).
 //! - [`worker`]: workers that lease jobs, run a handler and settle each job; in transactional
 //!   mode the handler's writes commit together with the job's settlement, so effects that are
 //!   rows in the queue's database happen exactly once. Effects outside it (HTTP calls, e-mail,
@@ -65,6 +65,7 @@ mod inbox;
 mod pg;
 mod queue;
 mod rows;
+mod schedule;
 mod sql;
 mod statement;
 mod tx;
@@ -77,6 +78,7 @@ pub use inbox::Inbox;
 pub use pg::{PgDatabase, DATABASE_URL};
 pub use queue::{Queue, QueueStats};
 pub use rows::{FromValue, Row, Rows};
+pub use schedule::Schedule;
 pub use statement::{Statement, Value};
 pub use tx::PgTransaction;
 

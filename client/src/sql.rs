@@ -100,3 +100,16 @@ pub(crate) const NEXT_SAVEPOINT: &str =
     "RELEASE SAVEPOINT inbox_delivery; SAVEPOINT inbox_delivery";
 /// Undoes a delivery's writes, keeping the transaction (and its row locks) for its settlement.
 pub(crate) const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT inbox_delivery";
+
+/// `inbox_schedule(queue, name, cron, payload, time_zone)`: creates or replaces a schedule.
+pub(crate) const SCHEDULE: &str = "SELECT inbox_schedule($1::text::regclass, $2::text, $3::text, \
+     $4::jsonb, $5::text)";
+
+/// `inbox_unschedule(queue, name)`: removes a schedule; `true` when it existed.
+pub(crate) const UNSCHEDULE: &str =
+    "SELECT inbox_unschedule($1::text::regclass, $2::text) AS removed";
+
+/// `inbox_schedules(queue)`, a parked schedule's `'infinity'` read as NULL.
+pub(crate) const SCHEDULES: &str = "SELECT name, cron, time_zone, payload, \
+     CASE WHEN isfinite(next_tick) THEN next_tick END AS next_tick \
+     FROM inbox_schedules($1::text::regclass)";

@@ -15,6 +15,7 @@ mod names;
 mod observe;
 mod plans;
 pub mod queue;
+pub mod schedule;
 mod shape;
 mod statements;
 

@@ -252,6 +252,7 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
         raise(ERRCODE_INVALID_PARAMETER_VALUE, "max must be at least 1");
     }
     Spi::connect_mut(|client| {
+        crate::schedule::enqueue_due_ticks(client, queue);
         let shape = plans::queue(client, queue);
         let (op, build): (Op, fn(&_) -> _) = if lease.is_some() {
             (Op::Lease, |queue| statements::take(queue, true))
