@@ -43,7 +43,7 @@ pub(crate) const QUEUE_ACK: &str = "SELECT inbox_ack($1::text::regclass, $2::int
 
 /// `inbox_ack(queue, ids, tokens)`: finishes many jobs; returns how many were still theirs.
 pub(crate) const QUEUE_ACK_MANY: &str =
-    "SELECT inbox_ack($1::text::regclass, $2::int8[], $3::int8[])";
+    "SELECT inbox_ack_batch($1::text::regclass, $2::int8[], $3::int8[])";
 
 /// `inbox_retry(queue, id, token, delay, error, max_attempts)`.
 pub(crate) const QUEUE_RETRY: &str = "SELECT inbox_retry($1::text::regclass, $2::int8, $3::int8, \

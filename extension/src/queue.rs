@@ -110,7 +110,7 @@ fn enqueue(
     let id = Spi::connect_mut(|client| {
         check_enqueue(client, queue, kind, key.is_some());
         let plan = plans::queue_plan(client, queue, Op::Enqueue, statements::enqueue);
-        let due = run_at.map_or_else(clock_now, DatumWithOid::from);
+        let due = DatumWithOid::from(finite_time(run_at, "run_at"));
         let key = key.map_or_else(
             || DatumWithOid::null_oid(pg_sys::TEXTOID),
             DatumWithOid::from,
@@ -143,16 +143,16 @@ fn inbox_enqueue(
     enqueue(queue, payload, Payload::Jsonb, run_at, key)
 }
 
-/// Enqueues one `bytea` job; as the `jsonb` form. Its arguments have no defaults, so that a call
-/// with fewer than four arguments and an untyped literal (`inbox_enqueue('jobs', '{}')`) means
-/// `jsonb` rather than being ambiguous.
-#[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue")]
+/// Enqueues one `bytea` job; as the `jsonb` form. It has a name of its own: were it an overload of
+/// `inbox_enqueue`, a call with an untyped payload (a literal, or a parameter from a driver that
+/// sends them untyped) would match both and fail as ambiguous.
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn inbox_enqueue_bytea(
+fn inbox_enqueue_bytes(
     queue: Option<RegClass>,
     payload: Option<Bytea>,
-    run_at: Option<TimestampWithTimeZone>,
-    key: Option<Text>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    key: default!(Option<Text>, "NULL"),
 ) -> Option<i64> {
     let payload = required(payload, "payload").into();
     enqueue(queue, payload, Payload::Bytea, run_at, key)
@@ -187,7 +187,7 @@ fn enqueue_batch(
         let plan = plans::queue_plan(client, queue, Op::EnqueueBatch, statements::enqueue_batch);
         // SAFETY: `payloads` is a non-NULL array of the queue's payload type.
         let payloads = unsafe { DatumWithOid::new(payloads, kind.array_type_oid()) };
-        let due = run_at.map_or_else(clock_now, DatumWithOid::from);
+        let due = DatumWithOid::from(finite_time(run_at, "run_at"));
         let keys = keys.map_or_else(
             || DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
             DatumWithOid::from,
@@ -222,14 +222,14 @@ fn inbox_enqueue_batch(
     )
 }
 
-/// Enqueues many `bytea` jobs in one statement; as the `jsonb` form (no defaults, as above).
-#[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue_batch")]
+/// Enqueues many `bytea` jobs in one statement; as the `jsonb` form (named apart, as above).
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn inbox_enqueue_batch_bytea(
+fn inbox_enqueue_batch_bytes(
     queue: Option<RegClass>,
     payloads: Option<ByteaArray>,
-    run_at: Option<TimestampWithTimeZone>,
-    keys: Option<TextArray>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    keys: default!(Option<TextArray>, "NULL"),
 ) -> SetOfIterator<'static, i64> {
     enqueue_batch(
         queue,
@@ -369,10 +369,12 @@ fn inbox_ack(queue: Option<RegClass>, id: Option<i64>, token: Option<i64>) -> bo
     settle(queue, id, token, Op::Ack, statements::ack, &[])
 }
 
-/// Finishes many jobs in one statement; returns how many were still theirs tokens'.
-#[pg_extern(volatile, parallel_unsafe, name = "inbox_ack")]
+/// Finishes many jobs in one statement; returns how many were still their tokens'. Named apart
+/// from `inbox_ack`: an untyped `id` could be read as `bigint` or as `bigint[]`, so an overload
+/// would make calls with untyped parameters ambiguous.
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn inbox_ack_many(
+fn inbox_ack_batch(
     queue: Option<RegClass>,
     ids: Option<BigintArray>,
     tokens: Option<BigintArray>,
