@@ -31,6 +31,40 @@ async fn untyped_parameters_resolve_to_one_function() {
             &[Type::REGCLASS, Type::JSONB, Type::TIMESTAMPTZ, Type::TEXT],
         ),
         (
+            "SELECT inbox_enqueue($1, $2, $3, $4, $5, $6)",
+            &[
+                Type::REGCLASS,
+                Type::JSONB,
+                Type::TIMESTAMPTZ,
+                Type::TEXT,
+                Type::INT4,
+                Type::TEXT,
+            ],
+        ),
+        (
+            "SELECT inbox_enqueue_batch($1, $2, $3, $4, $5, $6)",
+            &[
+                Type::REGCLASS,
+                Type::JSONB_ARRAY,
+                Type::TIMESTAMPTZ,
+                Type::TEXT_ARRAY,
+                Type::INT4,
+                Type::TEXT_ARRAY,
+            ],
+        ),
+        (
+            "SELECT inbox_requeue($1, $2)",
+            &[Type::REGCLASS, Type::INT8],
+        ),
+        (
+            "SELECT inbox_requeue_dead($1, $2)",
+            &[Type::REGCLASS, Type::INT4],
+        ),
+        (
+            "SELECT * FROM inbox_dead_jobs($1, $2)",
+            &[Type::REGCLASS, Type::INT4],
+        ),
+        (
             "SELECT inbox_enqueue_bytes($1, $2, $3)",
             &[Type::REGCLASS, Type::BYTEA, Type::TIMESTAMPTZ],
         ),
