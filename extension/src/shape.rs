@@ -71,9 +71,10 @@ impl QueueShape {
         self.has_group_key && self.has_dead_at
     }
 
-    /// The condition that a row is a dead-lettered job.
+    /// The condition that a row is a dead-lettered job. Only where a job can also wait in its
+    /// group does `dead_at` tell the two apart; elsewhere `'infinity'` alone means dead.
     pub fn dead(&self) -> &'static str {
-        if self.has_dead_at {
+        if self.groups() {
             "locked_until = 'infinity' AND dead_at IS NOT NULL"
         } else {
             "locked_until = 'infinity'"

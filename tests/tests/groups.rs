@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use inbox_client::worker::{transactional, Job, Outcome, RetryPolicy, Worker};
+use inbox_client::worker::{transactional, Claim, Job, Outcome, RetryPolicy, Worker};
 use inbox_client::{BatchOptions, Database, EnqueueOptions, PgDatabase, Queue, Statement};
 use inbox_tests::TestDb;
 use serde::{Deserialize, Serialize};
@@ -41,8 +41,17 @@ async fn one<T: for<'a> tokio_postgres::types::FromSql<'a>>(client: &Client, sql
 /// order, one per job, and no two deliveries of a group ever overlap.
 #[tokio::test]
 async fn groups_run_in_enqueue_order_one_at_a_time_under_workers_with_retries() {
-    const GROUPS: u32 = 100;
-    const PER_GROUP: u32 = 100;
+    run_groups(Claim::Lease, 1, 100, 100).await;
+}
+
+/// The same with locked deliveries committed four at a time (each settlement promotes its
+/// group's next job inside the shared transaction).
+#[tokio::test]
+async fn groups_keep_their_order_with_locked_deliveries_committed_together() {
+    run_groups(Claim::Lock, 4, 40, 50).await;
+}
+
+async fn run_groups(claim: Claim, group_size: usize, groups: u32, per_group: u32) {
     let db = TestDb::new().await;
     // Each of the 16 workers holds a connection while it waits for a job; run_until_idle needs one
     // more to see the queue idle.
@@ -55,8 +64,8 @@ async fn groups_run_in_enqueue_order_one_at_a_time_under_workers_with_retries() 
     .await
     .unwrap();
     // Round-robin over the groups, in batches of 1,000, so that the groups' jobs interleave.
-    let steps: Vec<Step> = (0..PER_GROUP)
-        .flat_map(|seq| (0..GROUPS).map(move |group| Step { group, seq }))
+    let steps: Vec<Step> = (0..per_group)
+        .flat_map(|seq| (0..groups).map(move |group| Step { group, seq }))
         .collect();
     for chunk in steps.chunks(1000) {
         let options = BatchOptions {
@@ -107,6 +116,8 @@ async fn groups_run_in_enqueue_order_one_at_a_time_under_workers_with_retries() 
     };
     let worker = Worker::transactional(pg.clone(), "jobs", handler)
         .workers(16)
+        .claim(claim)
+        .group_size(group_size)
         .retry(RetryPolicy {
             base: Duration::from_millis(1),
             cap: Duration::from_millis(5),
@@ -184,8 +195,8 @@ async fn groups_run_in_enqueue_order_one_at_a_time_under_workers_with_retries() 
     {
         by_group.entry(row.get(0)).or_default().push(row.get(1));
     }
-    assert_eq!(by_group.len(), GROUPS as usize);
-    let in_order: Vec<i32> = (0..PER_GROUP as i32).collect();
+    assert_eq!(by_group.len(), groups as usize);
+    let in_order: Vec<i32> = (0..per_group as i32).collect();
     for (group, seqs) in &by_group {
         assert_eq!(seqs, &in_order, "group {group} ran out of order or twice");
     }
