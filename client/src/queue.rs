@@ -235,7 +235,11 @@ impl Queue {
             Some(values) if values.len() == payloads.len() => Ok(Some(serde_json::json!(values))),
             Some(values) => Err(DbError::new(
                 ErrorKind::InvalidInput,
-                format!("{} {name} given for {} payloads", values.len(), payloads.len()),
+                format!(
+                    "{} {name} given for {} payloads",
+                    values.len(),
+                    payloads.len()
+                ),
             )),
         };
         let statement = Statement::new(sql::QUEUE_ENQUEUE_BATCH)

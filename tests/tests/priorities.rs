@@ -92,7 +92,10 @@ async fn a_priority_needs_the_column_and_no_null() {
         assert_eq!(error.code(), Some(&code), "{sql}: {error:?}");
     }
     let counts = client
-        .query_one("SELECT (SELECT count(*) FROM plain), (SELECT count(*) FROM jobs)", &[])
+        .query_one(
+            "SELECT (SELECT count(*) FROM plain), (SELECT count(*) FROM jobs)",
+            &[],
+        )
         .await
         .unwrap();
     assert_eq!((counts.get::<_, i64>(0), counts.get::<_, i64>(1)), (1, 0));
@@ -122,7 +125,11 @@ async fn a_million_jobs_are_taken_by_an_index_scan() {
         )
         .await
         .unwrap();
-    session.client.batch_execute("VACUUM ANALYZE jobs").await.unwrap();
+    session
+        .client
+        .batch_execute("VACUUM ANALYZE jobs")
+        .await
+        .unwrap();
     let index = "jobs_priority_locked_until_id_idx";
     // The first calls prepare the statements; the plans checked are those of later calls.
     session

@@ -68,7 +68,10 @@ impl Explaining {
             let Ok(plan) = serde_json::from_str::<Value>(&message[start..]) else {
                 continue;
             };
-            if plan["Query Text"].as_str().is_some_and(|text| text.contains(marker)) {
+            if plan["Query Text"]
+                .as_str()
+                .is_some_and(|text| text.contains(marker))
+            {
                 found.push(plan);
             }
         }
@@ -89,13 +92,20 @@ pub fn nodes(plan: &Value) -> Vec<&Value> {
 
 /// The buffers a node and its children touched (shared hits and reads).
 pub fn buffers(node: &Value) -> i64 {
-    node["Shared Hit Blocks"].as_i64().unwrap_or(0) + node["Shared Read Blocks"].as_i64().unwrap_or(0)
+    node["Shared Hit Blocks"].as_i64().unwrap_or(0)
+        + node["Shared Read Blocks"].as_i64().unwrap_or(0)
 }
 
 /// Asserts that `plan` reads `table` only by an index scan of `index` (no sequential scan, no
 /// sort of more than `max_sorted` rows) and touches at most `max_buffers` buffers; returns the
 /// plan's one-line summary for the test's output.
-pub fn assert_index_scan(plan: &Value, table: &str, index: &str, max_sorted: i64, max_buffers: i64) -> String {
+pub fn assert_index_scan(
+    plan: &Value,
+    table: &str,
+    index: &str,
+    max_sorted: i64,
+    max_buffers: i64,
+) -> String {
     let root = &plan["Plan"];
     let all = nodes(root);
     let mut summary = Vec::new();
@@ -122,6 +132,9 @@ pub fn assert_index_scan(plan: &Value, table: &str, index: &str, max_sorted: i64
         "no index scan of {table} using {index}: {plan:#}"
     );
     let touched = buffers(root);
-    assert!(touched <= max_buffers, "{touched} buffers touched: {plan:#}");
+    assert!(
+        touched <= max_buffers,
+        "{touched} buffers touched: {plan:#}"
+    );
     format!("{} | {touched} buffers", summary.join(" > "))
 }
