@@ -52,11 +52,25 @@ pub(crate) fn promote(client: &SpiClient<'_>, queue: Oid, groups: DatumWithOid<'
 /// After a settlement or requeue changed the heads of `groups`: locks them and promotes the
 /// next job of those left without a head.
 pub(crate) fn settled(client: &mut SpiClient<'_>, queue: Oid, mut groups: Vec<String>) {
+    groups.sort();
+    groups.dedup();
+    if let [group] = groups.as_slice() {
+        // One group (a settlement): the simpler statements.
+        let plan = plans::plan(client, queue, Op::GroupLockOne, statements::group_lock_one);
+        client
+            .update(
+                &*plan,
+                None,
+                &[lock_key(queue).into(), group.as_str().into()],
+            )
+            .unwrap_or_else(|e| internal(e));
+        let plan = plans::latest_plan(client, queue, Op::PromoteOne, statements::promote_one);
+        plan.run(&[group.as_str().into(), crate::queue::clock_now()]);
+        return;
+    }
     if groups.is_empty() {
         return;
     }
-    groups.sort();
-    groups.dedup();
     lock(client, queue, DatumWithOid::from(groups.clone()));
     promote(client, queue, DatumWithOid::from(groups));
 }

@@ -417,6 +417,14 @@ pub(crate) fn group_lock() -> Sql {
     }
 }
 
+/// `$1` the queue's oid (as int4), `$2` one group key: the lock of one group.
+pub(crate) fn group_lock_one() -> Sql {
+    Sql {
+        text: "SELECT pg_advisory_xact_lock($1, hashtext($2))".to_owned(),
+        args: vec![pg_sys::INT4OID, pg_sys::TEXTOID],
+    }
+}
+
 /// The condition that `alias`'s row is its group's head: in the group, not dead, not waiting.
 fn head(queue: &QueueShape, alias: &str) -> String {
     let active = if queue.nullable_locked_until {
@@ -466,6 +474,29 @@ pub(crate) fn promote(queue: &QueueShape) -> Sql {
             head = head(queue, "a")
         ),
         args: vec![pg_sys::TEXTARRAYOID, pg_sys::TIMESTAMPTZOID],
+    }
+}
+
+/// `$1` one group key, `$2` now: `promote` for one group, the form a settlement runs.
+pub(crate) fn promote_one(queue: &QueueShape) -> Sql {
+    let table = &queue.table;
+    let due = if queue.has_run_at {
+        "GREATEST(q.run_at, $2)"
+    } else {
+        "$2"
+    };
+    Sql {
+        text: format!(
+            "UPDATE {table} AS q SET locked_until = {due} \
+              WHERE q.id = (SELECT w.id FROM {table} AS w \
+                             WHERE w.group_key = $1 AND w.dead_at IS NULL \
+                               AND w.locked_until = 'infinity' \
+                             ORDER BY w.id LIMIT 1) \
+                AND q.locked_until = 'infinity' AND q.dead_at IS NULL \
+                AND NOT EXISTS (SELECT FROM {table} AS a WHERE a.group_key = $1 AND {head})",
+            head = head(queue, "a")
+        ),
+        args: vec![pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
     }
 }
 
