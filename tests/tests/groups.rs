@@ -436,6 +436,16 @@ async fn enqueues_racing_the_heads_ack_never_leave_a_job_stuck() {
 /// head in the first case and waits in the second.
 #[tokio::test]
 async fn a_repeatable_read_enqueuer_sees_the_group_as_committed() {
+    late_snapshot_enqueuer("REPEATABLE READ").await;
+}
+
+/// The same under SERIALIZABLE.
+#[tokio::test]
+async fn a_serializable_enqueuer_sees_the_group_as_committed() {
+    late_snapshot_enqueuer("SERIALIZABLE").await;
+}
+
+async fn late_snapshot_enqueuer(isolation: &str) {
     let db = TestDb::new().await;
     let other = db.client().await;
     let late = db.client().await;
@@ -447,9 +457,11 @@ async fn a_repeatable_read_enqueuer_sees_the_group_as_committed() {
         .unwrap();
     assert_eq!(lease_ids(&other, 10).await, [1]);
     // Its snapshot still sees job 1 as the head of group a, and group b as empty.
-    late.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM jobs")
-        .await
-        .unwrap();
+    late.batch_execute(&format!(
+        "BEGIN ISOLATION LEVEL {isolation}; SELECT count(*) FROM jobs"
+    ))
+    .await
+    .unwrap();
     other
         .batch_execute(
             "SELECT inbox_ack('jobs', 1, 1); SELECT inbox_enqueue('jobs', '\"b head\"', group_key => 'b')",
