@@ -6,7 +6,8 @@
 //! no longer blocks its group), the oldest waiting job becomes the head in the same transaction.
 //!
 //! Enqueues into a group and promotions of its head are serialised by a transaction-scoped
-//! advisory lock on (queue, hash of the key), held until commit; the statements that decide
+//! advisory lock on (queue, hash of the key), held until commit (and the queue's own lock held
+//! shared, or for an operation on many groups exclusively, in their place); the statements that decide
 //! whether a new job waits, and which job is promoted, read the latest committed state (see
 //! [`plans::LatestPlan`]), so that a `REPEATABLE READ` transaction whose snapshot predates the
 //! previous holder's commit neither leaves a job waiting behind a head that is gone nor starts a
@@ -15,6 +16,7 @@
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::spi::SpiClient;
+use pgrx::FromDatum;
 
 use crate::error::*;
 use crate::plans::{self, Op};
@@ -25,12 +27,49 @@ fn lock_key(queue: Oid) -> i32 {
     queue.to_u32() as i32
 }
 
-/// Takes the locks of `groups` (a `text[]`; NULL elements are skipped) until the transaction ends.
-pub(crate) fn lock(client: &mut SpiClient<'_>, queue: Oid, groups: DatumWithOid<'_>) {
-    let plan = plans::plan(client, queue, Op::GroupLock, statements::group_lock);
-    client
-        .update(&*plan, None, &[lock_key(queue).into(), groups])
-        .unwrap_or_else(|e| internal(e));
+/// The most groups one operation locks one by one; beyond, it locks the whole queue.
+const MOST_GROUP_LOCKS: usize = 64;
+
+/// Takes the locks of `groups` (sorted, distinct) until the transaction ends: the queue's lock
+/// shared and each group's, or for many groups the queue's lock exclusively.
+pub(crate) fn lock(client: &mut SpiClient<'_>, queue: Oid, groups: &[String]) {
+    let key = lock_key(queue);
+    match groups {
+        [] => {}
+        [group] => {
+            let plan = plans::plan(client, queue, Op::GroupLockOne, statements::group_lock_one);
+            client
+                .update(&*plan, None, &[key.into(), group.as_str().into()])
+                .unwrap_or_else(|e| internal(e));
+        }
+        _ => {
+            let wide = groups.len() > MOST_GROUP_LOCKS;
+            let plan = plans::plan(client, queue, Op::QueueLock, statements::queue_lock);
+            client
+                .update(&*plan, None, &[key.into(), wide.into()])
+                .unwrap_or_else(|e| internal(e));
+            if !wide {
+                let plan = plans::plan(client, queue, Op::GroupLock, statements::group_lock);
+                client
+                    .update(
+                        &*plan,
+                        None,
+                        &[key.into(), DatumWithOid::from(groups.to_vec())],
+                    )
+                    .unwrap_or_else(|e| internal(e));
+            }
+        }
+    }
+}
+
+/// The distinct group keys of a `text[]` argument, sorted.
+pub(crate) fn keys_of(array: pg_sys::Datum) -> Vec<String> {
+    // SAFETY: `array` is a non-NULL `text[]` argument of the current call.
+    let keys = unsafe { Vec::<Option<String>>::from_datum(array, false) }.unwrap_or_default();
+    let mut keys: Vec<String> = keys.into_iter().flatten().collect();
+    keys.sort();
+    keys.dedup();
+    keys
 }
 
 /// Whether `group` has a head or jobs waiting, so that a job enqueued now must wait. The
@@ -54,25 +93,16 @@ pub(crate) fn promote(client: &SpiClient<'_>, queue: Oid, groups: DatumWithOid<'
 pub(crate) fn settled(client: &mut SpiClient<'_>, queue: Oid, mut groups: Vec<String>) {
     groups.sort();
     groups.dedup();
-    if let [group] = groups.as_slice() {
-        // One group (a settlement): the simpler statements.
-        let plan = plans::plan(client, queue, Op::GroupLockOne, statements::group_lock_one);
-        client
-            .update(
-                &*plan,
-                None,
-                &[lock_key(queue).into(), group.as_str().into()],
-            )
-            .unwrap_or_else(|e| internal(e));
-        let plan = plans::latest_plan(client, queue, Op::PromoteOne, statements::promote_one);
-        plan.run(&[group.as_str().into(), crate::queue::clock_now()]);
-        return;
+    lock(client, queue, &groups);
+    match groups.as_slice() {
+        [] => {}
+        // One group (a settlement): the simpler statement.
+        [group] => {
+            let plan = plans::latest_plan(client, queue, Op::PromoteOne, statements::promote_one);
+            plan.run(&[group.as_str().into(), crate::queue::clock_now()]);
+        }
+        _ => promote(client, queue, DatumWithOid::from(groups)),
     }
-    if groups.is_empty() {
-        return;
-    }
-    lock(client, queue, DatumWithOid::from(groups.clone()));
-    promote(client, queue, DatumWithOid::from(groups));
 }
 
 /// A group key argument's text, or `None`.

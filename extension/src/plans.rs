@@ -37,6 +37,7 @@ pub(crate) enum Op {
     Stats,
     GroupLock,
     GroupLockOne,
+    QueueLock,
     GroupBusy,
     Promote,
     PromoteOne,

@@ -151,7 +151,7 @@ fn enqueue(
         // A job of a group whose head is there (or that has jobs waiting) waits its turn.
         let locked_until = match &group_key {
             Some(group) => {
-                groups::lock(client, queue, DatumWithOid::from(vec![group.clone()]));
+                groups::lock(client, queue, std::slice::from_ref(group));
                 if groups::busy(client, queue, group) {
                     TimestampWithTimeZone::positive_infinity()
                 } else {
@@ -285,8 +285,8 @@ fn enqueue_batch(
             groups: options.group_keys.is_some(),
         };
         check_enqueue(client, queue, sends);
-        if options.group_keys.is_some() {
-            groups::lock(client, queue, text_array(options.group_keys));
+        if let Some(keys) = options.group_keys {
+            groups::lock(client, queue, &groups::keys_of(keys.0));
         }
         let plan = plans::queue_plan(client, queue, Op::EnqueueBatch, statements::enqueue_batch);
         // SAFETY: `payloads` is a non-NULL array of the queue's payload type.

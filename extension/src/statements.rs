@@ -406,22 +406,39 @@ pub(crate) fn stats(queue: &QueueShape) -> Sql {
 
 /// `$1` the queue's oid (as int4), `$2` group keys: takes each group's transaction-scoped
 /// advisory lock, in one order whatever the caller's, so that two batches never deadlock.
-/// Enqueues into a group and the promotion of its next head hold it until they commit.
+/// Enqueues into a group and the promotion of its next head hold it until they commit. The
+/// groups' keys are odd (`| 1`): key 0 is the queue's own lock (see `queue_lock`), which the
+/// caller holds shared.
 pub(crate) fn group_lock() -> Sql {
     Sql {
         text: "SELECT pg_advisory_xact_lock($1, h) \
-                 FROM (SELECT DISTINCT hashtext(g) AS h FROM unnest($2::text[]) AS g \
+                 FROM (SELECT DISTINCT hashtext(g) | 1 AS h FROM unnest($2::text[]) AS g \
                         WHERE g IS NOT NULL ORDER BY 1) AS groups"
             .to_owned(),
         args: vec![pg_sys::INT4OID, pg_sys::TEXTARRAYOID],
     }
 }
 
-/// `$1` the queue's oid (as int4), `$2` one group key: the lock of one group.
+/// `$1` the queue's oid (as int4), `$2` one group key: the queue's lock shared, then the
+/// group's (the target list is evaluated in order).
 pub(crate) fn group_lock_one() -> Sql {
     Sql {
-        text: "SELECT pg_advisory_xact_lock($1, hashtext($2))".to_owned(),
+        text: "SELECT pg_advisory_xact_lock_shared($1, 0), pg_advisory_xact_lock($1, hashtext($2) | 1)"
+            .to_owned(),
         args: vec![pg_sys::INT4OID, pg_sys::TEXTOID],
+    }
+}
+
+/// `$1` the queue's oid (as int4), `$2` true for exclusive: the queue's own lock. Every group
+/// operation holds it shared; an operation on more groups than is reasonable to lock one by one
+/// holds it exclusively instead of the groups' locks, so that a batch into thousands of groups
+/// does not fill PostgreSQL's lock table.
+pub(crate) fn queue_lock() -> Sql {
+    Sql {
+        text: "SELECT CASE WHEN $2 THEN pg_advisory_xact_lock($1, 0) \
+                           ELSE pg_advisory_xact_lock_shared($1, 0) END"
+            .to_owned(),
+        args: vec![pg_sys::INT4OID, pg_sys::BOOLOID],
     }
 }
 

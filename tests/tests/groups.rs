@@ -527,3 +527,35 @@ async fn a_group_needs_its_columns() {
     );
     assert_eq!(one::<i64>(&client, "SELECT count(*) FROM jobs").await, 0);
 }
+
+/// A batch into 100,000 groups locks the queue rather than each group: 100,000 advisory locks
+/// do not fit PostgreSQL's lock table (`53200 out of shared memory` with the default
+/// `max_locks_per_transaction`). Each group gets its head; the second job of a group waits.
+#[tokio::test]
+async fn a_batch_into_many_groups_fits_the_lock_table() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('jobs'); \
+             SELECT count(*) FROM inbox_enqueue_batch('jobs', \
+                 ARRAY(SELECT to_jsonb(g) FROM generate_series(0, 100999) g), \
+                 group_keys => ARRAY(SELECT 'g' || (g % 100000) FROM generate_series(0, 100999) g))",
+        )
+        .await
+        .unwrap();
+    let stats = client
+        .query_one("SELECT ready, delayed FROM inbox_stats('jobs')", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (stats.get::<_, i64>(0), stats.get::<_, i64>(1)),
+        (100_000, 1_000)
+    );
+    let heads: i64 = one(
+        &client,
+        "SELECT count(*) FROM jobs WHERE locked_until < 'infinity' AND id <= 100000",
+    )
+    .await;
+    assert_eq!(heads, 100_000, "each group's first job is its head");
+}
