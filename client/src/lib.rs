@@ -76,7 +76,7 @@ pub use database::Database;
 pub use error::{DbError, ErrorKind};
 pub use inbox::Inbox;
 pub use pg::{PgDatabase, DATABASE_URL};
-pub use queue::{Queue, QueueStats};
+pub use queue::{BatchOptions, DeadJob, EnqueueOptions, Queue, QueueStats};
 pub use rows::{FromValue, Row, Rows};
 pub use schedule::Schedule;
 pub use statement::{Statement, Value};

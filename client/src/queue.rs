@@ -18,12 +18,89 @@ pub struct Queue {
     table: String,
 }
 
+/// How a job is enqueued, beyond its payload (see `inbox_enqueue`). `Default` is a job due now,
+/// without a key, of priority 0 and in no group.
+///
+/// ```
+/// use inbox_client::EnqueueOptions;
+/// let options = EnqueueOptions::default().key("order-42").priority(10).group_key("customer-7");
+/// assert_eq!(options.priority, 10);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnqueueOptions {
+    /// When the job is due (now when `None`).
+    pub run_at: Option<DateTime<Utc>>,
+    /// Dedup key: while a job with this key is queued, enqueueing another inserts nothing.
+    pub key: Option<String>,
+    /// Higher runs first; the queue needs a `priority` column unless it is 0.
+    pub priority: i32,
+    /// Jobs of one group run one at a time, in enqueue order.
+    pub group_key: Option<String>,
+}
+
+impl EnqueueOptions {
+    /// Due at `run_at`.
+    pub fn run_at(mut self, run_at: DateTime<Utc>) -> Self {
+        self.run_at = Some(run_at);
+        self
+    }
+
+    /// Deduped by `key`.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Of priority `priority` (higher first).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// In the ordered group `group_key`.
+    pub fn group_key(mut self, group_key: impl Into<String>) -> Self {
+        self.group_key = Some(group_key.into());
+        self
+    }
+}
+
+/// How a batch is enqueued (see `inbox_enqueue_batch`): one due time and priority for all its
+/// jobs, and optionally a key and a group key per job (`None` for a job without one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchOptions {
+    /// When the jobs are due (now when `None`).
+    pub run_at: Option<DateTime<Utc>>,
+    /// One dedup key per payload.
+    pub keys: Option<Vec<Option<String>>>,
+    /// The jobs' priority.
+    pub priority: i32,
+    /// One group key per payload; within a group, jobs run in array order.
+    pub group_keys: Option<Vec<Option<String>>>,
+}
+
+/// A dead-lettered job (see `inbox_dead_jobs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadJob {
+    /// The job's id.
+    pub id: i64,
+    /// Deliveries it had.
+    pub attempt: i32,
+    /// The last retry's error, or the dead-letter reason.
+    pub last_error: Option<String>,
+    /// When it was dead-lettered (`None` on a table without a `dead_at` column).
+    pub dead_at: Option<DateTime<Utc>>,
+    /// The payload of a `jsonb` queue.
+    pub payload: Option<serde_json::Value>,
+    /// The payload of a `bytea` queue.
+    pub payload_bytes: Option<Vec<u8>>,
+}
+
 /// How many jobs of a queue are in each state (see `inbox_stats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
     /// Due and not taken.
     pub ready: i64,
-    /// Scheduled for later, or waiting for a retry.
+    /// Scheduled for later, waiting for a retry, or waiting behind its group's head.
     pub delayed: i64,
     /// Held by a worker's lease.
     pub leased: i64,
@@ -60,13 +137,32 @@ impl Queue {
         run_at: Option<DateTime<Utc>>,
         key: Option<&str>,
     ) -> Result<Statement, DbError> {
+        let options = EnqueueOptions {
+            run_at,
+            key: key.map(str::to_owned),
+            ..EnqueueOptions::default()
+        };
+        self.enqueue_statement_with(payload, &options)
+    }
+
+    /// The statement that enqueues `payload` as JSON with `options`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] when `payload` does not serialize to JSON.
+    pub fn enqueue_statement_with<T: Serialize + ?Sized>(
+        &self,
+        payload: &T,
+        options: &EnqueueOptions,
+    ) -> Result<Statement, DbError> {
         let json = serde_json::to_value(payload)
             .map_err(|e| DbError::new(ErrorKind::InvalidInput, format!("payload: {e}")))?;
         Ok(Statement::new(sql::QUEUE_ENQUEUE)
             .bind(self.table.as_str())
             .bind(json)
-            .bind(run_at)
-            .bind(key.map(str::to_owned)))
+            .bind(options.run_at)
+            .bind(options.key.clone())
+            .bind(options.priority)
+            .bind(options.group_key.clone()))
     }
 
     /// Enqueues `payload` through `db`; returns the job's id, or `None` when a job with `key` is
@@ -87,6 +183,24 @@ impl Queue {
         rows.one()?.get::<Option<i64>>("inbox_enqueue")
     }
 
+    /// Enqueues `payload` with `options` (due time, key, priority, group); returns the job's id,
+    /// or `None` when a job with the key is already queued.
+    ///
+    /// # Errors
+    /// As [`enqueue_statement_with`](Self::enqueue_statement_with), or the database's error
+    /// (`42703` when the queue lacks the column a priority or group needs).
+    pub async fn enqueue_with<T: Serialize + ?Sized>(
+        &self,
+        db: &dyn Database,
+        payload: &T,
+        options: &EnqueueOptions,
+    ) -> Result<Option<i64>, DbError> {
+        let rows = db
+            .query(&self.enqueue_statement_with(payload, options)?)
+            .await?;
+        rows.one()?.get::<Option<i64>>("inbox_enqueue")
+    }
+
     /// Enqueues every payload of `payloads` in one statement, due now, in order; returns the
     /// new jobs' ids.
     ///
@@ -98,15 +212,105 @@ impl Queue {
         db: &dyn Database,
         payloads: &[T],
     ) -> Result<Vec<i64>, DbError> {
+        self.enqueue_batch_with(db, payloads, &BatchOptions::default())
+            .await
+    }
+
+    /// Enqueues every payload of `payloads` in one statement, in order, with `options`; returns
+    /// the ids of the jobs inserted (those whose key was already queued are skipped).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] when a payload does not serialize to JSON or `keys` or
+    /// `group_keys` are not one per payload, or the database's error.
+    pub async fn enqueue_batch_with<T: Serialize>(
+        &self,
+        db: &dyn Database,
+        payloads: &[T],
+        options: &BatchOptions,
+    ) -> Result<Vec<i64>, DbError> {
         let json = serde_json::to_value(payloads)
             .map_err(|e| DbError::new(ErrorKind::InvalidInput, format!("payloads: {e}")))?;
+        let per_job = |values: &Option<Vec<Option<String>>>, name: &str| match values {
+            None => Ok(None),
+            Some(values) if values.len() == payloads.len() => Ok(Some(serde_json::json!(values))),
+            Some(values) => Err(DbError::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} {name} given for {} payloads",
+                    values.len(),
+                    payloads.len()
+                ),
+            )),
+        };
         let statement = Statement::new(sql::QUEUE_ENQUEUE_BATCH)
             .bind(self.table.as_str())
-            .bind(json);
+            .bind(json)
+            .bind(options.run_at)
+            .bind(per_job(&options.keys, "keys")?)
+            .bind(options.priority)
+            .bind(per_job(&options.group_keys, "group_keys")?);
         db.query(&statement)
             .await?
             .iter()
             .map(|row| row.get::<i64>("id"))
+            .collect()
+    }
+
+    /// Runs dead job `id` again (due now, attempts counted from zero; a job of a group rejoins
+    /// it); `false` when the job is not dead.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn requeue(&self, db: &dyn Database, id: i64) -> Result<bool, DbError> {
+        let statement = Statement::new(sql::QUEUE_REQUEUE)
+            .bind(self.table.as_str())
+            .bind(id);
+        db.query(&statement).await?.one()?.get("requeued")
+    }
+
+    /// Runs the dead jobs again, oldest first: all of them, or at most `max`; returns how many.
+    ///
+    /// # Errors
+    /// The database's error (`22023` for a `max` below 1).
+    pub async fn requeue_dead(&self, db: &dyn Database, max: Option<i32>) -> Result<i64, DbError> {
+        let statement = Statement::new(sql::QUEUE_REQUEUE_DEAD)
+            .bind(self.table.as_str())
+            .bind(max);
+        db.query(&statement).await?.one()?.get("requeued")
+    }
+
+    /// Deletes dead job `id`; `false` when the job is not dead.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn discard(&self, db: &dyn Database, id: i64) -> Result<bool, DbError> {
+        let statement = Statement::new(sql::QUEUE_DISCARD)
+            .bind(self.table.as_str())
+            .bind(id);
+        db.query(&statement).await?.one()?.get("discarded")
+    }
+
+    /// The `max` oldest dead jobs.
+    ///
+    /// # Errors
+    /// The database's error (`22023` for a `max` below 1).
+    pub async fn dead_jobs(&self, db: &dyn Database, max: i32) -> Result<Vec<DeadJob>, DbError> {
+        let statement = Statement::new(sql::QUEUE_DEAD_JOBS)
+            .bind(self.table.as_str())
+            .bind(max);
+        db.query(&statement)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(DeadJob {
+                    id: row.get("id")?,
+                    attempt: row.get("attempt")?,
+                    last_error: row.get("last_error")?,
+                    dead_at: row.get("dead_at")?,
+                    payload: row.get("payload")?,
+                    payload_bytes: row.get("payload_bytes")?,
+                })
+            })
             .collect()
     }
 

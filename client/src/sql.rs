@@ -43,7 +43,7 @@ pub(crate) const QUEUE_ACK: &str = "SELECT inbox_ack($1::text::regclass, $2::int
 
 /// `inbox_ack(queue, ids, tokens)`: finishes many jobs; returns how many were still theirs.
 pub(crate) const QUEUE_ACK_MANY: &str =
-    "SELECT inbox_ack($1::text::regclass, $2::int8[], $3::int8[])";
+    "SELECT inbox_ack_batch($1::text::regclass, $2::int8[], $3::int8[])";
 
 /// `inbox_retry(queue, id, token, delay, error, max_attempts)`.
 pub(crate) const QUEUE_RETRY: &str = "SELECT inbox_retry($1::text::regclass, $2::int8, $3::int8, \
@@ -64,9 +64,9 @@ pub(crate) const QUEUE_STATS: &str =
 /// `inbox_channel(queue)`: the channel to LISTEN on.
 pub(crate) const QUEUE_CHANNEL: &str = "SELECT inbox_channel($1::text::regclass)";
 
-/// `inbox_enqueue(queue, payload, run_at, key)`.
+/// `inbox_enqueue(queue, payload, run_at, key, priority, group_key)`.
 pub(crate) const QUEUE_ENQUEUE: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
-     coalesce($3::timestamptz, now()), $4::text)";
+     coalesce($3::timestamptz, now()), $4::text, $5::int4, $6::text)";
 
 /// `inbox_create_queue(name)`.
 pub(crate) const QUEUE_CREATE: &str = "SELECT inbox_create_queue($1::text)::text";
@@ -83,10 +83,32 @@ pub(crate) fn delivery_timeouts(statement_ms: u128, idle_ms: u128) -> String {
 pub(crate) const RESET_TIMEOUTS: &str =
     "RESET statement_timeout; RESET idle_in_transaction_session_timeout";
 
-/// `inbox_enqueue_batch(queue, payloads)`, the payloads given as one JSON array.
+/// `inbox_enqueue_batch(queue, payloads, run_at, keys, priority, group_keys)`, the payloads,
+/// keys and group keys each given as one JSON array (or NULL).
 pub(crate) const QUEUE_ENQUEUE_BATCH: &str =
     "SELECT id FROM inbox_enqueue_batch($1::text::regclass, \
-     ARRAY(SELECT jsonb_array_elements($2::jsonb))) AS id";
+     ARRAY(SELECT e FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), \
+     coalesce($3::timestamptz, now()), \
+     (SELECT array_agg(e ORDER BY n) FROM jsonb_array_elements_text($4::jsonb) WITH ORDINALITY AS a(e, n)), \
+     $5::int4, \
+     (SELECT array_agg(e ORDER BY n) FROM jsonb_array_elements_text($6::jsonb) WITH ORDINALITY AS a(e, n))) AS id";
+
+/// `inbox_requeue(queue, id)`: a dead job runs again.
+pub(crate) const QUEUE_REQUEUE: &str =
+    "SELECT inbox_requeue($1::text::regclass, $2::int8) AS requeued";
+
+/// `inbox_requeue_dead(queue, max)`: dead jobs (all, or the `max` oldest) run again.
+pub(crate) const QUEUE_REQUEUE_DEAD: &str =
+    "SELECT inbox_requeue_dead($1::text::regclass, $2::int4) AS requeued";
+
+/// `inbox_discard(queue, id)`: deletes a dead job.
+pub(crate) const QUEUE_DISCARD: &str =
+    "SELECT inbox_discard($1::text::regclass, $2::int8) AS discarded";
+
+/// `inbox_dead_jobs(queue, max)`: the oldest dead jobs.
+pub(crate) const QUEUE_DEAD_JOBS: &str =
+    "SELECT id, attempt, last_error, dead_at, payload, payload_bytes \
+       FROM inbox_dead_jobs($1::text::regclass, $2::int4)";
 
 /// The statements with which a worker drives a delivery's transaction itself, so that they can
 /// share round trips with its other statements.

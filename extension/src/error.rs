@@ -28,3 +28,27 @@ pub(crate) fn required<T>(value: Option<T>, argument: &str) -> T {
 pub(crate) fn internal(error: pgrx::spi::SpiError) -> ! {
     raise(ERRCODE_INTERNAL_ERROR, error.to_string())
 }
+
+/// Returns a required time, raising `22004` when NULL and `22023 invalid_parameter_value` when it
+/// is `infinity` or `-infinity` (a job due at infinity would look dead, and one due at
+/// `-infinity` breaks every age computed from it).
+pub(crate) fn finite_time(
+    value: Option<pgrx::datum::TimestampWithTimeZone>,
+    argument: &str,
+) -> pgrx::datum::TimestampWithTimeZone {
+    let value = required(value, argument);
+    if !value.is_finite() {
+        raise(
+            ERRCODE_INVALID_PARAMETER_VALUE,
+            format!(
+                "{argument} must be a finite time, not {}",
+                if value.is_infinity() {
+                    "infinity"
+                } else {
+                    "-infinity"
+                }
+            ),
+        );
+    }
+    value
+}

@@ -55,7 +55,7 @@ fn claim(
 ) -> bool {
     let ledger = required(ledger, "ledger").0;
     let key = required(key, "key");
-    let seen_at = required(seen_at, "seen_at");
+    let seen_at = finite_time(seen_at, "seen_at");
     Spi::connect_mut(|client| {
         let plan = plans::ledger_plan(client, ledger, Op::Claim, statements::claim);
         let inserted = client
@@ -86,7 +86,7 @@ fn inbox_seen(ledger: Option<RegClass>, key: Option<Text>) -> bool {
 #[search_path(pg_catalog, pg_temp)]
 fn inbox_purge(ledger: Option<RegClass>, older_than: Option<TimestampWithTimeZone>) -> i64 {
     let ledger = required(ledger, "ledger").0;
-    let older_than = required(older_than, "older_than");
+    let older_than = finite_time(older_than, "older_than");
     Spi::connect_mut(|client| {
         let plan = plans::ledger_plan(client, ledger, Op::Purge, statements::purge);
         let mut purged = 0;

@@ -9,7 +9,9 @@
 use pgrx::prelude::*;
 
 mod datum;
+mod dead_letters;
 mod error;
+mod groups;
 pub mod ledger;
 mod names;
 mod observe;

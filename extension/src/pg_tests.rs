@@ -227,7 +227,7 @@ mod tests {
             "INVALID_COLUMN_REFERENCE",
         );
         assert_sqlstate(
-            "SELECT inbox_enqueue('jobs', '\\x00'::bytea, now(), NULL)",
+            "SELECT inbox_enqueue_bytes('jobs', '\\x00'::bytea)",
             "DATATYPE_MISMATCH",
         );
         assert_sqlstate(
@@ -235,7 +235,7 @@ mod tests {
             "DATATYPE_MISMATCH",
         );
         assert_sqlstate(
-            "SELECT inbox_enqueue('refund_jobs', '\\x00'::bytea, now(), 'k')",
+            "SELECT inbox_enqueue_bytes('refund_jobs', '\\x00'::bytea, now(), 'k')",
             "UNDEFINED_COLUMN",
         );
     }
@@ -268,7 +268,7 @@ mod tests {
             "INVALID_PARAMETER_VALUE",
         );
         assert_sqlstate(
-            "SELECT inbox_ack('jobs', ARRAY[1,2]::bigint[], ARRAY[1]::bigint[])",
+            "SELECT inbox_ack_batch('jobs', ARRAY[1,2]::bigint[], ARRAY[1]::bigint[])",
             "ARRAY_ELEMENT_ERROR",
         );
         assert_sqlstate(
@@ -279,6 +279,172 @@ mod tests {
             "SELECT inbox_enqueue_batch('jobs', ARRAY[['{}']]::jsonb[])",
             "ARRAY_ELEMENT_ERROR",
         );
+    }
+
+    #[pg_test]
+    fn untyped_literals_pick_one_function() {
+        setup();
+        // Each of these was ambiguous while the bytea forms and the array ack were overloads.
+        for sql in [
+            "SELECT inbox_enqueue('jobs', '{\"to\": \"a\"}')",
+            "SELECT inbox_enqueue('jobs', '{}', now() + interval '1 hour', key => 'k')",
+            "SELECT inbox_enqueue('jobs', '{}', '2030-01-01', 'k2')",
+            "SELECT inbox_enqueue_batch('jobs', '{\"{}\",\"{}\"}')",
+            "SELECT inbox_ack('jobs', '1', '1')",
+            "SELECT inbox_ack_batch('jobs', '{1}', '{1}')",
+            "SELECT inbox_enqueue_bytes('refund_jobs', '\\x01')",
+            "SELECT inbox_enqueue_batch_bytes('refund_jobs', '{\"\\\\x01\"}')",
+        ] {
+            assert_eq!(sqlstate(sql), None, "{sql}");
+        }
+        assert_eq!(count("SELECT count(*) FROM jobs"), 5);
+        assert_eq!(count("SELECT count(*) FROM refund_jobs"), 2);
+    }
+
+    #[pg_test]
+    fn non_finite_times_are_refused_and_write_nothing() {
+        setup();
+        for sql in [
+            "SELECT inbox_enqueue('jobs', '{}', 'infinity')",
+            "SELECT inbox_enqueue('jobs', '{}', '-infinity')",
+            "SELECT inbox_enqueue_batch('jobs', ARRAY['{}']::jsonb[], 'infinity')",
+            "SELECT inbox_enqueue_bytes('refund_jobs', '\\x01', '-infinity')",
+            "SELECT inbox_enqueue_batch_bytes('refund_jobs', ARRAY['\\x01']::bytea[], 'infinity')",
+            "SELECT inbox_claim('seen', 'k', 'infinity')",
+            "SELECT inbox_claim_or_fail('seen', 'k', '-infinity')",
+            "SELECT inbox_purge('seen', 'infinity')",
+            "SELECT inbox_purge('seen', '-infinity')",
+        ] {
+            assert_sqlstate(sql, "INVALID_PARAMETER_VALUE");
+        }
+        for sql in [
+            "SELECT inbox_enqueue('jobs', '{}', NULL)",
+            "SELECT inbox_enqueue_batch('jobs', ARRAY['{}']::jsonb[], NULL)",
+        ] {
+            assert_sqlstate(sql, "NULL_VALUE_NOT_ALLOWED");
+        }
+        assert_eq!(count("SELECT count(*) FROM jobs"), 0);
+        assert_eq!(count("SELECT count(*) FROM refund_jobs"), 0);
+        assert_eq!(count("SELECT count(*) FROM seen"), 0);
+        assert_eq!(
+            count("SELECT ready + delayed + leased + dead FROM inbox_stats('jobs')"),
+            0
+        );
+    }
+
+    #[pg_test]
+    fn the_new_arguments_refuse_nulls_and_bad_counts() {
+        setup();
+        for sql in [
+            "SELECT inbox_enqueue_bytes('refund_jobs', NULL)",
+            "SELECT inbox_enqueue_batch_bytes('refund_jobs', NULL)",
+            "SELECT inbox_enqueue_batch_bytes('refund_jobs', ARRAY[NULL]::bytea[])",
+            "SELECT inbox_enqueue('jobs', '{}', priority => NULL)",
+            "SELECT inbox_ack_batch('jobs', ARRAY[1]::int8[], NULL)",
+            "SELECT inbox_dead('jobs', NULL, 1)",
+            "SELECT * FROM inbox_lock('jobs', NULL)",
+            "SELECT inbox_requeue('jobs', NULL)",
+            "SELECT inbox_requeue(NULL, 1)",
+            "SELECT inbox_requeue_dead(NULL)",
+            "SELECT inbox_discard('jobs', NULL)",
+            "SELECT * FROM inbox_dead_jobs('jobs', NULL)",
+            "SELECT inbox_channel(NULL)",
+        ] {
+            assert_sqlstate(sql, "NULL_VALUE_NOT_ALLOWED");
+        }
+        for sql in [
+            "SELECT inbox_requeue_dead('jobs', 0)",
+            "SELECT * FROM inbox_dead_jobs('jobs', -1)",
+        ] {
+            assert_sqlstate(sql, "INVALID_PARAMETER_VALUE");
+        }
+        assert_sqlstate(
+            "SELECT inbox_enqueue_batch('jobs', ARRAY['{}']::jsonb[], group_keys => ARRAY['a', 'b'])",
+            "ARRAY_ELEMENT_ERROR",
+        );
+        assert_sqlstate(
+            "SELECT inbox_enqueue('refund_jobs', '{}', priority => 2)",
+            "DATATYPE_MISMATCH",
+        );
+        assert_sqlstate(
+            "SELECT inbox_enqueue_bytes('refund_jobs', '\\x01', priority => 2)",
+            "UNDEFINED_COLUMN",
+        );
+        assert_sqlstate(
+            "SELECT inbox_enqueue_bytes('refund_jobs', '\\x01', group_key => 'g')",
+            "UNDEFINED_COLUMN",
+        );
+        assert_eq!(count("SELECT count(*) FROM jobs"), 0);
+        assert_eq!(count("SELECT count(*) FROM refund_jobs"), 0);
+    }
+
+    #[pg_test]
+    fn dead_letters_of_a_table_without_dead_at() {
+        setup();
+        // refund_jobs has no dead_at, last_error or group_key: 'infinity' alone marks the dead.
+        Spi::run(
+            "SELECT inbox_enqueue_batch_bytes('refund_jobs', ARRAY['\\x01', '\\x02']::bytea[]);
+             SELECT count(*) FROM inbox_lease('refund_jobs', 2);
+             SELECT inbox_dead('refund_jobs', 1, 2, 'x'); SELECT inbox_dead('refund_jobs', 2, 2, 'y')",
+        )
+        .expect("dead-lettered");
+        assert_eq!(
+            count("SELECT count(*) FROM inbox_dead_jobs('refund_jobs')"),
+            2
+        );
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM inbox_dead_jobs('refund_jobs')
+                  WHERE payload_bytes IS NOT NULL AND payload IS NULL AND dead_at IS NULL AND last_error IS NULL"
+            ),
+            2
+        );
+        assert_eq!(
+            one::<bool>("SELECT inbox_requeue('refund_jobs', 1)"),
+            Some(true)
+        );
+        assert_eq!(
+            one::<bool>("SELECT inbox_discard('refund_jobs', 1)"),
+            Some(false)
+        );
+        assert_eq!(
+            one::<bool>("SELECT inbox_discard('refund_jobs', 2)"),
+            Some(true)
+        );
+        assert_eq!(
+            one::<i32>("SELECT attempt FROM refund_jobs WHERE id = 1 AND locked_until <= clock_timestamp()"),
+            Some(0)
+        );
+        assert_eq!(
+            count("SELECT ready + delayed + leased + dead FROM inbox_stats('refund_jobs')"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn waiting_jobs_count_as_delayed_and_cannot_be_settled() {
+        setup();
+        Spi::run(
+            "SELECT inbox_enqueue('jobs', '1', group_key => 'g');
+             SELECT inbox_enqueue('jobs', '2', group_key => 'g');
+             SELECT inbox_enqueue('jobs', '3', group_key => 'g')",
+        )
+        .expect("enqueued");
+        assert_eq!(
+            count("SELECT ready * 100 + delayed * 10 + dead FROM inbox_stats('jobs')"),
+            120
+        );
+        // A waiting job has never been delivered: no token settles it, it is not dead.
+        for sql in [
+            "SELECT inbox_ack('jobs', 2, -1)",
+            "SELECT inbox_ack('jobs', 2, 0)",
+            "SELECT inbox_dead('jobs', 2, -1)",
+            "SELECT inbox_requeue('jobs', 2)",
+            "SELECT inbox_discard('jobs', 2)",
+        ] {
+            assert_eq!(one::<bool>(sql), Some(false), "{sql}");
+        }
+        assert_eq!(count("SELECT count(*) FROM jobs"), 3);
     }
 
     #[pg_test]
@@ -308,7 +474,7 @@ mod tests {
             "k is queued and x is repeated within the batch"
         );
         assert_eq!(count("SELECT count(*) FROM jobs"), 2);
-        let bytes = one::<i64>("SELECT count(*) FROM inbox_enqueue_batch('refund_jobs', ARRAY['\\x01', '\\x02']::bytea[], now(), NULL)");
+        let bytes = one::<i64>("SELECT count(*) FROM inbox_enqueue_batch_bytes('refund_jobs', ARRAY['\\x01', '\\x02']::bytea[])");
         assert_eq!(bytes, Some(2));
         let (first_due, second_due) = (
             one::<i64>("SELECT id FROM refund_jobs ORDER BY id LIMIT 1").expect("id"),
@@ -416,7 +582,7 @@ mod tests {
     #[pg_test]
     fn user_tables_with_nullable_locked_until_and_bytea_work() {
         setup();
-        Spi::run("INSERT INTO refund_jobs (payload) VALUES ('\\x01'); SELECT inbox_enqueue('refund_jobs', '\\x02'::bytea, now(), NULL)")
+        Spi::run("INSERT INTO refund_jobs (payload) VALUES ('\\x01'); SELECT inbox_enqueue_bytes('refund_jobs', '\\x02'::bytea)")
             .expect("jobs");
         let taken: Vec<(i32, Option<Vec<u8>>, bool)> = Spi::connect(|client| {
             client
@@ -458,7 +624,7 @@ mod tests {
             assert_eq!(one::<bool>(stale), Some(false), "{stale}");
         }
         assert_eq!(
-            one::<i64>("SELECT inbox_ack('jobs', ARRAY[1]::bigint[], ARRAY[1]::bigint[])"),
+            one::<i64>("SELECT inbox_ack_batch('jobs', ARRAY[1]::bigint[], ARRAY[1]::bigint[])"),
             Some(0)
         );
         assert_eq!(
@@ -479,7 +645,9 @@ mod tests {
         Spi::run("SELECT inbox_enqueue_batch('jobs', ARRAY['{}','{}','{}']::jsonb[]); SELECT * FROM inbox_lease('jobs', 3)")
             .expect("leased");
         assert_eq!(
-            one::<i64>("SELECT inbox_ack('jobs', ARRAY[1,2,3]::bigint[], ARRAY[1,1,9]::bigint[])"),
+            one::<i64>(
+                "SELECT inbox_ack_batch('jobs', ARRAY[1,2,3]::bigint[], ARRAY[1,1,9]::bigint[])"
+            ),
             Some(2)
         );
         assert_eq!(count("SELECT count(*) FROM jobs"), 1);

@@ -35,6 +35,16 @@ pub(crate) enum Op {
     Dead,
     Extend,
     Stats,
+    GroupLock,
+    GroupLockOne,
+    QueueLock,
+    GroupBusy,
+    Promote,
+    PromoteOne,
+    Requeue,
+    RequeueDead,
+    Discard,
+    DeadJobs,
 }
 
 /// What must be dropped from the cache before its next use.
@@ -48,6 +58,7 @@ struct Cache {
     ledgers: HashMap<Oid, Rc<LedgerShape>>,
     queues: HashMap<Oid, Rc<QueueShape>>,
     plans: HashMap<(Oid, Op), Rc<OwnedPreparedStatement>>,
+    latest: HashMap<(Oid, Op), Rc<LatestPlan>>,
 }
 
 impl Cache {
@@ -58,11 +69,13 @@ impl Cache {
                     self.ledgers.clear();
                     self.queues.clear();
                     self.plans.clear();
+                    self.latest.clear();
                 }
                 Stale::Table(oid) => {
                     self.ledgers.remove(&oid);
                     self.queues.remove(&oid);
                     self.plans.retain(|(table, _), _| *table != oid);
+                    self.latest.retain(|(table, _), _| *table != oid);
                 }
             }
         }
@@ -181,4 +194,106 @@ pub(crate) fn queue_plan(
     build: fn(&QueueShape) -> Sql,
 ) -> Rc<OwnedPreparedStatement> {
     plan(client, oid, op, || build(&queue(client, oid)))
+}
+
+/// A statement that reads the latest committed state of the table even in a `REPEATABLE READ`
+/// or `SERIALIZABLE` transaction, whose own snapshot may predate it: the bookkeeping of ordered
+/// groups, run under the group's lock, must see what the transactions that held the lock before
+/// committed (as `REFERENCES` checks do). Under `READ COMMITTED` every statement sees that anyway.
+///
+/// pgrx's prepared statements cannot be run with a snapshot of one's own, so this one is
+/// prepared and run through SPI directly.
+pub(crate) struct LatestPlan(std::ptr::NonNull<pg_sys::_SPI_plan>);
+
+impl Drop for LatestPlan {
+    fn drop(&mut self) {
+        // SAFETY: the plan was kept by SPI_keepplan and is freed once, here.
+        unsafe {
+            pg_sys::SPI_freeplan(self.0.as_ptr());
+        }
+    }
+}
+
+impl LatestPlan {
+    fn prepare(op: Op, sql: Sql) -> LatestPlan {
+        let text = std::ffi::CString::new(sql.text).expect("SQL without NUL bytes");
+        let mut args = sql.args;
+        // SAFETY: the text and the argument types outlive the call; SPI is connected.
+        let plan =
+            unsafe { pg_sys::SPI_prepare(text.as_ptr(), args.len() as i32, args.as_mut_ptr()) };
+        let Some(plan) = std::ptr::NonNull::new(plan) else {
+            // SAFETY: SPI_result is set by the failed SPI_prepare.
+            let code = unsafe { pg_sys::SPI_result };
+            raise(
+                ERRCODE_INTERNAL_ERROR,
+                format!("preparing {op:?}: SPI error {code}"),
+            );
+        };
+        // SAFETY: a plan just prepared, kept once.
+        unsafe { pg_sys::SPI_keepplan(plan.as_ptr()) };
+        LatestPlan(plan)
+    }
+
+    /// Runs the statement on the latest committed state; returns how many rows it processed,
+    /// whose values (if it returns any) are in `SPI_tuptable` until the next statement.
+    pub fn run(&self, args: &[pgrx::datum::DatumWithOid<'_>]) -> usize {
+        let mut values: Vec<pg_sys::Datum> = Vec::with_capacity(args.len());
+        let mut nulls: Vec<std::ffi::c_char> = Vec::with_capacity(args.len());
+        for arg in args {
+            match arg.datum() {
+                Some(datum) => {
+                    values.push(datum.sans_lifetime());
+                    nulls.push(b' ' as std::ffi::c_char);
+                }
+                None => {
+                    values.push(pg_sys::Datum::from(0usize));
+                    nulls.push(b'n' as std::ffi::c_char);
+                }
+            }
+        }
+        // SAFETY: SPI is connected (the caller holds a client), the plan is kept, and the
+        // values match its argument types. The latest snapshot is copied by SPI when pushed.
+        unsafe {
+            let snapshot = if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
+                pg_sys::GetLatestSnapshot()
+            } else {
+                std::ptr::null_mut()
+            };
+            pg_sys::SPI_tuptable = std::ptr::null_mut();
+            let status = pg_sys::SPI_execute_snapshot(
+                self.0.as_ptr(),
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                snapshot,
+                std::ptr::null_mut(),
+                false,
+                false,
+                0,
+            );
+            if status < 0 {
+                raise(ERRCODE_INTERNAL_ERROR, format!("SPI error {status}"));
+            }
+            pg_sys::SPI_processed as usize
+        }
+    }
+}
+
+/// The statement `op` for queue `oid`, run on the latest committed state (see [`LatestPlan`]).
+pub(crate) fn latest_plan(
+    client: &SpiClient<'_>,
+    oid: Oid,
+    op: Op,
+    build: fn(&QueueShape) -> Sql,
+) -> Rc<LatestPlan> {
+    let cached = CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        cache.drop_stale();
+        cache.latest.get(&(oid, op)).cloned()
+    });
+    if let Some(plan) = cached {
+        return plan;
+    }
+    let plan = Rc::new(LatestPlan::prepare(op, build(&queue(client, oid))));
+    CACHE.with(|cache| cache.borrow_mut().latest.insert((oid, op), plan.clone()));
+    plan
 }

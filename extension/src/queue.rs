@@ -1,5 +1,7 @@
 //! Job queues: enqueue, take with SKIP LOCKED (leased or row-locked), and fenced settlement.
 
+use std::rc::Rc;
+
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -9,8 +11,9 @@ use crate::datum::{
     Text, TextArray,
 };
 use crate::error::*;
+use crate::groups;
 use crate::plans::{self, Op};
-use crate::shape::{create_table, Payload};
+use crate::shape::{create_table, Payload, QueueShape};
 use crate::statements;
 
 /// Creates the queue table `name` unless a valid one exists; returns it.
@@ -51,7 +54,7 @@ fn notify(queue: pg_sys::Oid) {
 
 /// The current time, read from the clock (not the transaction's start): due checks, leases and
 /// retry delays are measured from the moment of the call.
-fn clock_now() -> DatumWithOid<'static> {
+pub(crate) fn clock_now() -> DatumWithOid<'static> {
     // SAFETY: a timestamptz is an int64 passed by value.
     unsafe { DatumWithOid::new(pg_sys::GetCurrentTimestamp(), pg_sys::TIMESTAMPTZOID) }
 }
@@ -76,47 +79,102 @@ fn check_interval(interval: Interval, argument: &str, allow_zero: bool) -> Inter
     interval
 }
 
+/// What an enqueue asks for beyond a payload, checked against the queue's shape.
+struct Sends {
+    payload: Payload,
+    keys: bool,
+    priority: bool,
+    groups: bool,
+}
+
 /// Checks what an enqueue sends against the queue's shape: `42804` for a payload of another type
-/// than the queue stores, `42703` for keys sent to a queue without a `key` column.
-fn check_enqueue(client: &SpiClient<'_>, queue: pg_sys::Oid, given: Payload, keyed: bool) {
+/// than the queue stores, `42703` for keys, a priority or groups sent to a queue without the
+/// columns they need.
+fn check_enqueue(client: &SpiClient<'_>, queue: pg_sys::Oid, sends: Sends) -> Rc<QueueShape> {
     let shape = plans::queue(client, queue);
-    if shape.payload != given {
+    if shape.payload != sends.payload {
         raise(
             ERRCODE_DATATYPE_MISMATCH,
             format!(
                 "queue {} stores {} payloads, not {}",
                 shape.table,
                 shape.payload.type_name(),
-                given.type_name()
+                sends.payload.type_name()
             ),
         );
     }
-    if keyed && !shape.has_key {
+    let missing = |column: &str, what: &str| {
         raise(
             ERRCODE_UNDEFINED_COLUMN,
-            format!("queue {} has no column \"key\" to dedup by", shape.table),
+            format!("queue {} has no column \"{column}\" {what}", shape.table),
+        )
+    };
+    if sends.keys && !shape.has_key {
+        missing("key", "to dedup by");
+    }
+    if sends.priority && !shape.has_priority {
+        missing("priority", "to order by (only priority 0 can be enqueued)");
+    }
+    if sends.groups && !shape.has_group_key {
+        missing("group_key", "to group by");
+    }
+    if sends.groups && !shape.has_dead_at {
+        missing(
+            "dead_at",
+            "(ordered groups need it to tell a waiting job from a dead one)",
         );
     }
+    shape
 }
 
+#[allow(clippy::too_many_arguments)]
 fn enqueue(
     queue: Option<RegClass>,
     payload: DatumWithOid<'_>,
     kind: Payload,
     run_at: Option<TimestampWithTimeZone>,
     key: Option<Text>,
+    priority: Option<i32>,
+    group_key: Option<String>,
 ) -> Option<i64> {
     let queue = required(queue, "queue").0;
+    let run_at = finite_time(run_at, "run_at");
+    let priority = required(priority, "priority");
     let id = Spi::connect_mut(|client| {
-        check_enqueue(client, queue, kind, key.is_some());
+        let sends = Sends {
+            payload: kind,
+            keys: key.is_some(),
+            priority: priority != 0,
+            groups: group_key.is_some(),
+        };
+        check_enqueue(client, queue, sends);
+        // A job of a group whose head is there (or that has jobs waiting) waits its turn.
+        let locked_until = match &group_key {
+            Some(group) => {
+                groups::lock(client, queue, std::slice::from_ref(group));
+                if groups::busy(client, queue, group) {
+                    TimestampWithTimeZone::positive_infinity()
+                } else {
+                    run_at
+                }
+            }
+            None => run_at,
+        };
         let plan = plans::queue_plan(client, queue, Op::Enqueue, statements::enqueue);
-        let due = run_at.map_or_else(clock_now, DatumWithOid::from);
         let key = key.map_or_else(
             || DatumWithOid::null_oid(pg_sys::TEXTOID),
             DatumWithOid::from,
         );
+        let args = [
+            payload,
+            locked_until.into(),
+            key,
+            priority.into(),
+            groups::key_text(&group_key),
+            run_at.into(),
+        ];
         client
-            .update(&*plan, None, &[payload, due, key])
+            .update(&*plan, None, &args)
             .and_then(|rows| {
                 if rows.is_empty() {
                     Ok(None)
@@ -138,34 +196,63 @@ fn inbox_enqueue(
     payload: Option<Jsonb>,
     run_at: default!(Option<TimestampWithTimeZone>, "now()"),
     key: default!(Option<Text>, "NULL"),
+    priority: default!(Option<i32>, 0),
+    group_key: default!(Option<String>, "NULL"),
 ) -> Option<i64> {
     let payload = required(payload, "payload").into();
-    enqueue(queue, payload, Payload::Jsonb, run_at, key)
+    enqueue(
+        queue,
+        payload,
+        Payload::Jsonb,
+        run_at,
+        key,
+        priority,
+        group_key,
+    )
 }
 
-/// Enqueues one `bytea` job; as the `jsonb` form. Its arguments have no defaults, so that a call
-/// with fewer than four arguments and an untyped literal (`inbox_enqueue('jobs', '{}')`) means
-/// `jsonb` rather than being ambiguous.
-#[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue")]
+/// Enqueues one `bytea` job; as the `jsonb` form. It has a name of its own: were it an overload of
+/// `inbox_enqueue`, a call with an untyped payload (a literal, or a parameter from a driver that
+/// sends them untyped) would match both and fail as ambiguous.
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn inbox_enqueue_bytea(
+fn inbox_enqueue_bytes(
     queue: Option<RegClass>,
     payload: Option<Bytea>,
-    run_at: Option<TimestampWithTimeZone>,
-    key: Option<Text>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    key: default!(Option<Text>, "NULL"),
+    priority: default!(Option<i32>, 0),
+    group_key: default!(Option<String>, "NULL"),
 ) -> Option<i64> {
     let payload = required(payload, "payload").into();
-    enqueue(queue, payload, Payload::Bytea, run_at, key)
+    enqueue(
+        queue,
+        payload,
+        Payload::Bytea,
+        run_at,
+        key,
+        priority,
+        group_key,
+    )
+}
+
+/// What a batch enqueue takes besides its payloads.
+struct BatchOptions {
+    run_at: Option<TimestampWithTimeZone>,
+    keys: Option<TextArray>,
+    priority: Option<i32>,
+    group_keys: Option<TextArray>,
 }
 
 fn enqueue_batch(
     queue: Option<RegClass>,
     payloads: pg_sys::Datum,
     kind: Payload,
-    run_at: Option<TimestampWithTimeZone>,
-    keys: Option<TextArray>,
+    options: BatchOptions,
 ) -> SetOfIterator<'static, i64> {
     let queue = required(queue, "queue").0;
+    let run_at = finite_time(options.run_at, "run_at");
+    let priority = required(options.priority, "priority");
     let count = array_facts(payloads, "payloads");
     if count.has_nulls {
         raise(
@@ -173,30 +260,54 @@ fn enqueue_batch(
             "payloads must not contain NULL",
         );
     }
-    if let Some(keys) = keys {
-        let keys = array_facts(keys.0, "keys");
-        if keys.len != count.len {
-            raise(
-                ERRCODE_ARRAY_ELEMENT_ERROR,
-                format!("{} keys given for {} payloads", keys.len, count.len),
-            );
+    for (array, name) in [(options.keys, "keys"), (options.group_keys, "group_keys")] {
+        if let Some(array) = array {
+            let len = array_facts(array.0, name).len;
+            if len != count.len {
+                raise(
+                    ERRCODE_ARRAY_ELEMENT_ERROR,
+                    format!("{len} {name} given for {} payloads", count.len),
+                );
+            }
         }
     }
+    let text_array = |array: Option<TextArray>| {
+        array.map_or_else(
+            || DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+            DatumWithOid::from,
+        )
+    };
     let ids = Spi::connect_mut(|client| {
-        check_enqueue(client, queue, kind, keys.is_some());
+        let sends = Sends {
+            payload: kind,
+            keys: options.keys.is_some(),
+            priority: priority != 0,
+            groups: options.group_keys.is_some(),
+        };
+        check_enqueue(client, queue, sends);
+        if let Some(keys) = options.group_keys {
+            groups::lock(client, queue, &groups::keys_of(keys.0));
+        }
         let plan = plans::queue_plan(client, queue, Op::EnqueueBatch, statements::enqueue_batch);
         // SAFETY: `payloads` is a non-NULL array of the queue's payload type.
         let payloads = unsafe { DatumWithOid::new(payloads, kind.array_type_oid()) };
-        let due = run_at.map_or_else(clock_now, DatumWithOid::from);
-        let keys = keys.map_or_else(
-            || DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
-            DatumWithOid::from,
-        );
-        client
-            .update(&*plan, None, &[payloads, due, keys])
+        let args = [
+            payloads,
+            run_at.into(),
+            text_array(options.keys),
+            priority.into(),
+            text_array(options.group_keys),
+        ];
+        let ids = client
+            .update(&*plan, None, &args)
             .unwrap_or_else(|e| internal(e))
             .map(|row| row.get::<i64>(1).ok().flatten().unwrap_or_default())
-            .collect::<Vec<i64>>()
+            .collect::<Vec<i64>>();
+        // The batch's jobs of a group were inserted waiting: each group without a head gets one.
+        if options.group_keys.is_some() {
+            groups::promote(client, queue, text_array(options.group_keys));
+        }
+        ids
     });
     if !ids.is_empty() {
         notify(queue);
@@ -212,31 +323,45 @@ fn inbox_enqueue_batch(
     payloads: Option<JsonbArray>,
     run_at: default!(Option<TimestampWithTimeZone>, "now()"),
     keys: default!(Option<TextArray>, "NULL"),
+    priority: default!(Option<i32>, 0),
+    group_keys: default!(Option<TextArray>, "NULL"),
 ) -> SetOfIterator<'static, i64> {
+    let options = BatchOptions {
+        run_at,
+        keys,
+        priority,
+        group_keys,
+    };
     enqueue_batch(
         queue,
         required(payloads, "payloads").0,
         Payload::Jsonb,
-        run_at,
-        keys,
+        options,
     )
 }
 
-/// Enqueues many `bytea` jobs in one statement; as the `jsonb` form (no defaults, as above).
-#[pg_extern(volatile, parallel_unsafe, name = "inbox_enqueue_batch")]
+/// Enqueues many `bytea` jobs in one statement; as the `jsonb` form (named apart, as above).
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn inbox_enqueue_batch_bytea(
+fn inbox_enqueue_batch_bytes(
     queue: Option<RegClass>,
     payloads: Option<ByteaArray>,
-    run_at: Option<TimestampWithTimeZone>,
-    keys: Option<TextArray>,
+    run_at: default!(Option<TimestampWithTimeZone>, "now()"),
+    keys: default!(Option<TextArray>, "NULL"),
+    priority: default!(Option<i32>, 0),
+    group_keys: default!(Option<TextArray>, "NULL"),
 ) -> SetOfIterator<'static, i64> {
+    let options = BatchOptions {
+        run_at,
+        keys,
+        priority,
+        group_keys,
+    };
     enqueue_batch(
         queue,
         required(payloads, "payloads").0,
         Payload::Bytea,
-        run_at,
-        keys,
+        options,
     )
 }
 
@@ -355,11 +480,18 @@ fn settle(
             more.iter()
                 .map(|arg| unsafe { DatumWithOid::new_from_datum(arg.datum(), arg.oid()) }),
         );
-        client
+        let rows = client
             .update(&*plan, None, &args)
-            .unwrap_or_else(|e| internal(e))
-            .len()
-            == 1
+            .unwrap_or_else(|e| internal(e));
+        let applied = rows.len() == 1;
+        // A head that is done or dead hands its group on to the next job.
+        let group = if applied && op != Op::Extend {
+            rows.first().get::<String>(1).ok().flatten()
+        } else {
+            None
+        };
+        groups::settled(client, queue, group.into_iter().collect());
+        applied
     })
 }
 
@@ -370,10 +502,12 @@ fn inbox_ack(queue: Option<RegClass>, id: Option<i64>, token: Option<i64>) -> bo
     settle(queue, id, token, Op::Ack, statements::ack, &[])
 }
 
-/// Finishes many jobs in one statement; returns how many were still theirs tokens'.
-#[pg_extern(volatile, parallel_unsafe, name = "inbox_ack")]
+/// Finishes many jobs in one statement; returns how many were still their tokens'. Named apart
+/// from `inbox_ack`: an untyped `id` could be read as `bigint` or as `bigint[]`, so an overload
+/// would make calls with untyped parameters ambiguous.
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn inbox_ack_many(
+fn inbox_ack_batch(
     queue: Option<RegClass>,
     ids: Option<BigintArray>,
     tokens: Option<BigintArray>,
@@ -390,10 +524,15 @@ fn inbox_ack_many(
     }
     Spi::connect_mut(|client| {
         let plan = plans::queue_plan(client, queue, Op::AckMany, statements::ack_many);
-        client
+        let rows = client
             .update(&*plan, None, &[ids.into(), tokens.into()])
-            .unwrap_or_else(|e| internal(e))
-            .len() as i64
+            .unwrap_or_else(|e| internal(e));
+        let acked = rows.len() as i64;
+        let groups: Vec<String> = rows
+            .filter_map(|row| row.get::<String>(1).ok().flatten())
+            .collect();
+        groups::settled(client, queue, groups);
+        acked
     })
 }
 
@@ -447,7 +586,14 @@ fn inbox_dead(
         || DatumWithOid::null_oid(pg_sys::TEXTOID),
         DatumWithOid::from,
     );
-    settle(queue, id, token, Op::Dead, statements::dead, &[reason])
+    settle(
+        queue,
+        id,
+        token,
+        Op::Dead,
+        statements::dead,
+        &[reason, clock_now()],
+    )
 }
 
 /// Keeps job `id` leased for `lease` from now: the heartbeat of a long handler.

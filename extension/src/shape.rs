@@ -55,6 +55,40 @@ pub(crate) struct QueueShape {
     pub has_key: bool,
     pub has_last_error: bool,
     pub has_leased_at: bool,
+    /// Leases take the highest `priority` first.
+    pub has_priority: bool,
+    pub has_group_key: bool,
+    /// When a job was dead-lettered; also what tells a dead job from one waiting in its group.
+    pub has_dead_at: bool,
+    /// The due time a job was enqueued with, kept for a job that waits behind its group's head.
+    pub has_run_at: bool,
+}
+
+impl QueueShape {
+    /// Whether the table keeps ordered groups: it needs `group_key`, and `dead_at` to tell a job
+    /// waiting for its turn (`locked_until = 'infinity'`, `dead_at` NULL) from a dead one.
+    pub fn groups(&self) -> bool {
+        self.has_group_key && self.has_dead_at
+    }
+
+    /// The condition that a row is a dead-lettered job. Only where a job can also wait in its
+    /// group does `dead_at` tell the two apart; elsewhere `'infinity'` alone means dead.
+    pub fn dead(&self) -> &'static str {
+        if self.groups() {
+            "locked_until = 'infinity' AND dead_at IS NOT NULL"
+        } else {
+            "locked_until = 'infinity'"
+        }
+    }
+
+    /// The condition that a row is a job waiting behind its group's head.
+    pub fn waiting(&self) -> &'static str {
+        if self.groups() {
+            "locked_until = 'infinity' AND dead_at IS NULL"
+        } else {
+            "false"
+        }
+    }
 }
 
 /// A dedup ledger table.
@@ -174,6 +208,10 @@ impl QueueShape {
             has_leased_at: table
                 .column(KIND, "leased_at", TIMESTAMPTZ, false)
                 .is_some(),
+            has_priority: table.column(KIND, "priority", INTEGERS, false).is_some(),
+            has_group_key: table.column(KIND, "group_key", TEXTS, false).is_some(),
+            has_dead_at: table.column(KIND, "dead_at", TIMESTAMPTZ, false).is_some(),
+            has_run_at: table.column(KIND, "run_at", TIMESTAMPTZ, false).is_some(),
             table: table.table,
         }
     }

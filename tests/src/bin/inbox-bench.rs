@@ -14,6 +14,8 @@
 
 #[path = "bench/figures.rs"]
 mod figures;
+#[path = "bench/groups.rs"]
+mod groups;
 #[path = "bench/measure.rs"]
 mod measure;
 #[path = "bench/report.rs"]
@@ -118,6 +120,7 @@ async fn run(args: &[String]) -> Result<()> {
             5 => figures::latency(&ctx).await?,
             6 => figures::bloat(&ctx).await?,
             7 => figures::memory(&ctx).await?,
+            8 => groups::groups(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));

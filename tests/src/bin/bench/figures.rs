@@ -628,7 +628,7 @@ async fn churn(ctx: &Ctx, side: Side, first: u64, total: u64) -> Result<(Size, S
             Side::Inbox => [
                 format!("SELECT inbox_enqueue_batch('{table}'::regclass, $1::jsonb[])"),
                 format!("SELECT id, token FROM inbox_lease('{table}'::regclass, 100, interval '30 seconds')"),
-                format!("SELECT inbox_ack('{table}'::regclass, $1::int8[], $2::int8[])"),
+                format!("SELECT inbox_ack_batch('{table}'::regclass, $1::int8[], $2::int8[])"),
             ],
             Side::Raw => [
                 format!("INSERT INTO {table} (payload) SELECT p FROM unnest($1::jsonb[]) AS p"),

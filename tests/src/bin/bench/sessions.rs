@@ -137,7 +137,7 @@ impl Step {
                 let ack = if batch == 1 {
                     format!("SELECT inbox_ack('{q}'::regclass, $1::int8, $2::int8)")
                 } else {
-                    format!("SELECT inbox_ack('{q}'::regclass, $1::int8[], $2::int8[])")
+                    format!("SELECT inbox_ack_batch('{q}'::regclass, $1::int8[], $2::int8[])")
                 };
                 vec![
                     format!(
