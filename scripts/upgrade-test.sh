@@ -38,13 +38,20 @@ if ! git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
   exit 1
 fi
 mkdir "$work/src"
-git archive "$PREVIOUS_COMMIT" | tar -x -C "$work/src"
-# The same target directory: the dependencies are shared, only the extension crate is rebuilt.
-(cd "$work/src" && CARGO_TARGET_DIR="$REPO_ROOT/target" cargo build -q -p inbox --lib)
+# git archive dates the files at the commit: newer dates make cargo rebuild what they belong to.
+git archive "$PREVIOUS_COMMIT" | tar -x -m -C "$work/src"
+# A target directory of its own (the crate has the same name and hash as the current one), seeded
+# with the current build's dependencies so that only the extension crate is compiled.
+previous_target="$REPO_ROOT/target/previous-release"
+if [[ ! -d "$previous_target/debug" && -d "$REPO_ROOT/target/debug" ]]; then
+  mkdir -p "$previous_target"
+  cp -a "$REPO_ROOT/target/debug" "$previous_target/"
+fi
+(cd "$work/src" && CARGO_TARGET_DIR="$previous_target" cargo build -q -p inbox --lib)
 pkglibdir="$("$PG_CONFIG" --pkglibdir)"
 sharedir="$("$PG_CONFIG" --sharedir)"
 [[ -f "$pkglibdir/inbox.so" ]] && mv -f "$pkglibdir/inbox.so" "$pkglibdir/inbox.so.retired"
-cp "$REPO_ROOT/target/debug/libinbox.so" "$pkglibdir/inbox.so"
+cp "$previous_target/debug/libinbox.so" "$pkglibdir/inbox.so"
 cp "sql/inbox--$PREVIOUS.sql" "$sharedir/extension/"
 
 banner "upgrade: a database of release $PREVIOUS"

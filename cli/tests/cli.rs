@@ -620,7 +620,6 @@ async fn metrics_serves_every_queue_at_slash_metrics() {
 // queue core and the schedules add.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs inbox_dead_jobs, inbox_requeue, inbox_requeue_dead and inbox_discard"]
 async fn dead_letters_are_listed_requeued_and_discarded() {
     let db = TestDb::new().await;
     let queue = format!("{}.jobs", db.schema());
@@ -682,7 +681,6 @@ async fn dead_letters_are_listed_requeued_and_discarded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs inbox_schedule and inbox_schedules"]
 async fn schedules_lists_a_queue_schedules() {
     let db = TestDb::new().await;
     let queue = format!("{}.cron_jobs", db.schema());
@@ -704,7 +702,6 @@ async fn schedules_lists_a_queue_schedules() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs priorities and ordered groups (inbox_enqueue's priority and group_key)"]
 async fn enqueue_places_jobs_by_priority_and_group() {
     let db = TestDb::new().await;
     let queue = format!("{}.placed", db.schema());

@@ -420,7 +420,6 @@ async fn jobs_waiting_behind_their_group_head_are_delayed_not_dead() {
 }
 
 #[tokio::test]
-#[ignore = "needs ordered groups and dead_at (inbox_enqueue's group_key) from the queue core"]
 async fn metrics_count_what_inbox_stats_counts_with_ordered_groups() {
     let db = TestDb::new().await;
     let client = db.client().await;
