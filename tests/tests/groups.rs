@@ -230,7 +230,10 @@ async fn a_stuck_group_blocks_only_itself_and_costs_other_leases_nothing() {
         .await
         .unwrap();
     let idle = session
-        .plans_of("SELECT * FROM inbox_lease('jobs', 10)", "SKIP LOCKED")
+        .plans_of(
+            "SELECT * FROM inbox_lease('jobs', 10)",
+            "ORDER BY priority DESC",
+        )
         .await;
     let idle_buffers = explain::buffers(&idle[0]["Plan"]);
     println!(

@@ -138,7 +138,10 @@ async fn a_million_jobs_are_taken_by_an_index_scan() {
         .await
         .unwrap();
     let leases = session
-        .plans_of("SELECT * FROM inbox_lease('jobs', 10)", "SKIP LOCKED")
+        .plans_of(
+            "SELECT * FROM inbox_lease('jobs', 10)",
+            "ORDER BY priority DESC",
+        )
         .await;
     assert_eq!(leases.len(), 1, "one lease statement ran");
     println!(
@@ -148,7 +151,7 @@ async fn a_million_jobs_are_taken_by_an_index_scan() {
     let locks = session
         .plans_of(
             "BEGIN; SELECT * FROM inbox_lock('jobs', 10); ROLLBACK",
-            "SKIP LOCKED",
+            "ORDER BY priority DESC",
         )
         .await;
     assert_eq!(locks.len(), 1, "one lock statement ran");
