@@ -14,6 +14,7 @@ mod plans;
 pub mod queue;
 mod shape;
 mod statements;
+pub mod worker_calls;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;

@@ -35,6 +35,7 @@ pub(crate) enum Op {
     Dead,
     Extend,
     Stats,
+    Fence,
 }
 
 /// What must be dropped from the cache before its next use.
