@@ -54,6 +54,9 @@ pub use job::{
 };
 pub use policy::RetryPolicy;
 
+/// The largest group a transactional worker with adaptive groups (the default) commits at once.
+pub const ADAPTIVE_GROUP_MAX: usize = 64;
+
 /// How a worker takes its jobs; see the [module documentation](self) for which to choose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Claim {
@@ -118,7 +121,9 @@ struct Settings {
     heartbeat: bool,
     retry: RetryPolicy,
     claim: Claim,
-    group_size: usize,
+    /// A fixed group size, or `None` for groups that adapt to the handlers.
+    group_size: Option<usize>,
+    group_time: Duration,
     batch_size: usize,
     poll_interval: Duration,
     statement_timeout: Duration,
@@ -133,7 +138,8 @@ impl Default for Settings {
             heartbeat: true,
             retry: RetryPolicy::default(),
             claim: Claim::Lease,
-            group_size: 1,
+            group_size: None,
+            group_time: Duration::from_millis(20),
             batch_size: 100,
             poll_interval: Duration::from_millis(500),
             statement_timeout: Duration::from_secs(30),
@@ -159,6 +165,17 @@ struct Shared {
     /// Leased jobs being worked on (id → token): what the heartbeat extends, and what a
     /// shutdown releases if their handlers had to be abandoned.
     in_flight: Mutex<HashMap<i64, i64>>,
+    /// Locked jobs whose delivery failed and was rolled back, by id, until their settlement
+    /// commits: a slot that takes one in the moment between settles it as it failed.
+    lock_failures: Mutex<HashMap<i64, LockFailure>>,
+}
+
+/// A failed delivery of a locked job, remembered until its settlement commits.
+#[derive(Clone, Debug)]
+struct LockFailure {
+    token: i64,
+    outcome: Outcome,
+    failed: bool,
 }
 
 impl Shared {
@@ -172,6 +189,35 @@ impl Shared {
         if let Ok(mut held) = self.in_flight.lock() {
             for id in ids {
                 held.remove(&id);
+            }
+        }
+    }
+
+    fn remember_lock_failure(&self, job: &calls::Taken, outcome: &Outcome, failed: bool) {
+        if let Ok(mut failures) = self.lock_failures.lock() {
+            failures.insert(job.id, LockFailure::new(job.token, outcome, failed));
+        }
+    }
+
+    /// The remembered failure of this very delivery (same job, same token), if any.
+    fn lock_failure(&self, job: &calls::Taken) -> Option<LockFailure> {
+        if job.token >= 0 {
+            return None;
+        }
+        let failures = self.lock_failures.lock().ok()?;
+        failures
+            .get(&job.id)
+            .filter(|failure| failure.token == job.token)
+            .cloned()
+    }
+
+    fn forget_lock_failure(&self, id: i64, token: i64) {
+        if token >= 0 {
+            return;
+        }
+        if let Ok(mut failures) = self.lock_failures.lock() {
+            if failures.get(&id).is_some_and(|f| f.token == token) {
+                failures.remove(&id);
             }
         }
     }
@@ -293,9 +339,23 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         self
     }
 
-    /// Deliveries committed together by a transactional worker (default 1: a commit per job).
+    /// Deliveries a transactional worker commits together: each slot takes what is ready, up
+    /// to `n` jobs, and commits them in one transaction; 1 commits every job on its own.
+    ///
+    /// By default the groups adapt to the handlers: a slot starts with one job, doubles its
+    /// group while groups finish within [`group_time`](Worker::group_time), up to
+    /// [`ADAPTIVE_GROUP_MAX`], and takes fewer when deliveries are slow, so slow handlers still
+    /// run `workers` at a time and a lone job runs and commits at once.
     pub fn group_size(mut self, n: usize) -> Self {
-        self.settings.group_size = n.max(1);
+        self.settings.group_size = Some(n.max(1));
+        self
+    }
+
+    /// How long a group runs before a transactional worker commits the deliveries it has done
+    /// and goes on with the rest of the group in a new transaction (default 20 ms): a slow
+    /// handler holds back the commit of the deliveries before it by at most about this long.
+    pub fn group_time(mut self, bound: Duration) -> Self {
+        self.settings.group_time = bound;
         self
     }
 
@@ -336,6 +396,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             wake: Notify::new(),
             stop: CancellationToken::new(),
             in_flight: Mutex::new(HashMap::new()),
+            lock_failures: Mutex::new(HashMap::new()),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(listen::run(shared.clone()));
