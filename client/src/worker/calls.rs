@@ -83,20 +83,6 @@ async fn one_bool(
     Ok(client.query_one(&prepared, params).await?.try_get(0)?)
 }
 
-/// Acks many jobs; returns how many were still their tokens'.
-pub(crate) async fn ack_many(
-    client: &impl GenericClient,
-    queue: &str,
-    ids: &[i64],
-    tokens: &[i64],
-) -> Result<i64, DbError> {
-    let prepared = client.prepare_cached(sql::QUEUE_ACK_MANY).await?;
-    Ok(client
-        .query_one(&prepared, &[&queue, &ids, &tokens])
-        .await?
-        .try_get(0)?)
-}
-
 pub(crate) async fn retry(
     client: &impl GenericClient,
     queue: &str,

@@ -308,8 +308,10 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         }
     }
 
-    /// How many deliveries run at once (default 4). A transactional worker holds one pooled
-    /// connection per delivery, and the heartbeat one more: size the pool above this.
+    /// How many deliveries run at once (default 4). A transactional worker runs them in slots
+    /// that hold one pooled connection each, leaving one of the pool for the heartbeat: with a
+    /// pool of `n` connections it runs at most `n - 1` slots (deadpool's default pool has four
+    /// per CPU), and its groups make up for it.
     pub fn workers(mut self, n: usize) -> Self {
         self.settings.workers = n.max(1);
         self
@@ -406,7 +408,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         }
         match self.mode {
             Mode::Transactional(handler) => {
-                for _ in 0..shared.settings.workers {
+                for _ in 0..transactional::slots(&shared) {
                     tasks.spawn(transactional::run(shared.clone(), handler.clone()));
                 }
             }

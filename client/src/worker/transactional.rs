@@ -29,6 +29,13 @@ type Param = dyn tokio_postgres::types::ToSql + Sync;
 /// Replays of one group after which every delivery commits on its own.
 const MAX_REPLAYS: usize = 3;
 
+/// How many slots a worker runs: one per delivery of `workers`, but each holds a pooled
+/// connection for good, and one connection of the pool stays free for the heartbeat.
+pub(super) fn slots(shared: &Shared) -> usize {
+    let pool = shared.db.pool().status().max_size;
+    shared.settings.workers.min(pool.saturating_sub(1)).max(1)
+}
+
 /// One delivery slot: takes a group of jobs, runs them one after another on one connection, and
 /// commits the group; until the worker stops.
 pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
