@@ -321,7 +321,8 @@ async fn run_worker(ctx: &Ctx, form: Form, jobs: u64) -> Result<WorkerHandle> {
                     Ok(Outcome::ack())
                 })
             });
-            let worker = Worker::transactional(db, Side::Inbox.queue(), handler).workers(8);
+            let worker =
+                Worker::transactional(db, Side::Inbox.queue(), handler).workers(DEFAULT_WORKERS);
             match form {
                 Form::Group(n) => worker.group_size(n),
                 _ => worker,
