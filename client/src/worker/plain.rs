@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -39,72 +40,103 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
         .workers
         .div_ceil(settings.batch_size)
         .clamp(1, MAX_FETCHERS);
+    // The most a fetcher leases in one call: a batch, or its share of the room.
+    let chunk = settings
+        .batch_size
+        .min(settings.workers.div_ceil(fetchers))
+        .max(1);
     let room = Arc::new(Semaphore::new(settings.workers));
     let mut tasks = JoinSet::new();
     for _ in 0..fetchers {
-        tasks.spawn(fetch(shared.clone(), handler.clone(), room.clone()));
+        tasks.spawn(fetch(shared.clone(), handler.clone(), room.clone(), chunk));
     }
     while tasks.join_next().await.is_some() {}
 }
 
-/// One fetcher: leases while there is room, runs each handler on a task of its own, and acks the
+/// What a fetcher has gathered for its next call.
+#[derive(Default)]
+struct Gathered {
+    /// Finished deliveries to ack.
+    done: Vec<(i64, i64)>,
+    /// Room taken for new deliveries (permits of the shared room, held until they finish).
+    room: usize,
+}
+
+/// One fetcher: leases while there is room, runs the handlers, and acks the
 /// finished jobs with its next lease; until the worker stops and its handlers have finished.
+/// The handlers of one lease run concurrently on one task.
+///
+/// A call is made once it carries half a chunk of acks or of room, or once none of the
+/// fetcher's deliveries is running: calls stay large while handlers finish one by one.
 async fn fetch<T: DeserializeOwned + Send + 'static>(
     shared: Arc<Shared>,
     handler: Arc<dyn Handler<T>>,
     room: Arc<Semaphore>,
+    chunk: usize,
 ) {
-    let batch = shared.settings.batch_size;
+    let enough = chunk.div_ceil(2);
     let (report, mut finished) = mpsc::unbounded_channel();
     let mut handlers = JoinSet::new();
     let mut running = 0_usize;
-    let mut done = Vec::with_capacity(batch);
-    let mut permits: Vec<OwnedSemaphorePermit> = Vec::with_capacity(batch);
+    let mut next = Gathered::default();
     let mut client = None;
     // Whether the last lease found nothing.
     let mut dry = false;
     loop {
-        let stopping = shared.stop.is_cancelled();
-        if stopping && running == 0 && done.is_empty() {
-            break;
-        }
-        // Wait for room (unless stopping, or the last lease found nothing: then for a wake-up
-        // or the poll interval) or for finished deliveries, then take all there is.
-        if done.is_empty() && (permits.is_empty() || dry) {
+        let mut stopping = shared.stop.is_cancelled();
+        loop {
+            while let Ok(ended) = finished.try_recv() {
+                running -= 1;
+                if let Finished::Ack(id, token) = ended {
+                    next.done.push((id, token));
+                }
+            }
+            let leasing = !stopping && !dry;
+            if leasing {
+                let free = room.available_permits().min(chunk - next.room);
+                if free > 0
+                    && room
+                        .try_acquire_many(free as u32)
+                        .map(|p| p.forget())
+                        .is_ok()
+                {
+                    next.room += free;
+                }
+            } else if next.room > 0 {
+                room.add_permits(std::mem::take(&mut next.room));
+            }
+            let idle_now = running == 0;
+            if next.done.len() >= enough
+                || next.room >= enough
+                || (idle_now && (next.room > 0 || !next.done.is_empty()))
+                || (idle_now && stopping)
+            {
+                break;
+            }
             tokio::select! {
-                permit = room.clone().acquire_owned(), if !stopping && !dry => match permit {
-                    Ok(permit) => permits.push(permit),
-                    Err(_) => break,
-                },
                 ended = finished.recv(), if running > 0 => {
                     if let Some(ended) = ended {
                         running -= 1;
                         if let Finished::Ack(id, token) = ended {
-                            done.push((id, token));
+                            next.done.push((id, token));
                         }
                     }
                 }
-                _ = shared.idle(), if dry && !stopping => dry = false,
-                _ = shared.stop.cancelled(), if !stopping && !dry => continue,
-            }
-        }
-        while let Ok(ended) = finished.try_recv() {
-            running -= 1;
-            if let Finished::Ack(id, token) = ended {
-                done.push((id, token));
-            }
-        }
-        if stopping || dry {
-            permits.clear();
-        } else {
-            while permits.len() < batch {
-                match room.clone().try_acquire_owned() {
-                    Ok(permit) => permits.push(permit),
-                    Err(_) => break,
+                permit = room.acquire_many(1), if leasing => {
+                    if let Ok(permit) = permit {
+                        permit.forget();
+                        next.room += 1;
+                    }
                 }
+                _ = shared.idle(), if dry && !stopping => dry = false,
+                _ = shared.stop.cancelled(), if !stopping => {}
             }
+            stopping = shared.stop.is_cancelled();
         }
-        if done.is_empty() && permits.is_empty() {
+        if stopping && running == 0 && next.done.is_empty() {
+            break;
+        }
+        if next.done.is_empty() && next.room == 0 {
             continue;
         }
         let conn = match client.take() {
@@ -117,44 +149,51 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
                 }
             },
         };
-        let acks: Vec<(i64, i64)> = std::mem::take(&mut done);
-        match ack_and_lease(&shared, &conn, &acks, permits.len()).await {
+        let call = std::mem::take(&mut next);
+        match ack_and_lease(&shared, &conn, &call.done, call.room).await {
             Ok((acked, jobs)) => {
                 client = Some(conn);
                 if let Some(acked) = acked {
-                    count_acks(&shared, &acks, acked);
+                    count_acks(&shared, &call.done, acked);
                 }
-                let found = !jobs.is_empty();
+                // Room not used goes back for the other fetchers.
+                room.add_permits(call.room - jobs.len());
+                dry = jobs.is_empty() && call.room > 0;
                 shared.hold(jobs.iter().map(|job| (job.id, job.token)));
-                for (job, permit) in jobs.into_iter().zip(permits.drain(..)) {
-                    running += 1;
-                    let (shared, handler, report) =
-                        (shared.clone(), handler.clone(), report.clone());
-                    let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
-                    handlers.spawn(
-                        async move {
-                            let ended = deliver(&shared, &*handler, job).await;
-                            drop(permit);
+                // One task per batch runs its handlers concurrently, each reported as it ends.
+                if !jobs.is_empty() {
+                    running += jobs.len();
+                    let (shared, handler, report, room) = (
+                        shared.clone(),
+                        handler.clone(),
+                        report.clone(),
+                        room.clone(),
+                    );
+                    handlers.spawn(async move {
+                        let mut deliveries: FuturesUnordered<_> = jobs
+                            .into_iter()
+                            .map(|job| {
+                                let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
+                                deliver(&shared, &*handler, job).instrument(span)
+                            })
+                            .collect();
+                        while let Some(ended) = deliveries.next().await {
+                            room.add_permits(1);
                             let _ = report.send(ended);
                         }
-                        .instrument(span),
-                    );
+                    });
                 }
                 // Reap finished tasks so the set does not grow without bound.
                 while handlers.try_join_next().is_some() {}
-                if !found && !permits.is_empty() {
-                    permits.clear();
-                    dry = true;
-                }
             }
             Err(error) => {
                 // The acks may or may not have committed: the leases of those not acked expire
                 // and the jobs run again (at least once).
-                if !acks.is_empty() {
-                    tracing::warn!(%error, jobs = acks.len(), "cannot ack; the leases will expire and the jobs run again");
-                    shared.release(acks.iter().map(|&(id, _)| id));
+                if !call.done.is_empty() {
+                    tracing::warn!(%error, jobs = call.done.len(), "cannot ack; the leases will expire and the jobs run again");
+                    shared.release(call.done.iter().map(|&(id, _)| id));
                 }
-                permits.clear();
+                room.add_permits(call.room);
                 shared.back_off(&error).await;
             }
         }
