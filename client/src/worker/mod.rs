@@ -14,17 +14,34 @@
 //!   `max_attempts` instead of crashing workers forever. The handler's transaction holds no
 //!   lock while the lease is being taken, a heartbeat extends the lease while the handler runs,
 //!   and settlement is fenced by the lease's token, so a handler that lost its lease (a long
-//!   pause, a partition) commits nothing. It costs one more transaction per group.
+//!   pause, a partition) commits nothing. It costs one more commit, but only when a slot starts
+//!   on an idle queue: the lease of a slot's next group commits with its current group.
 //! - [`Claim::Lock`] takes the jobs with `inbox_lock` inside the handler's transaction: lease,
 //!   work and settlement are one transaction, the cheapest form. A crash rolls everything back,
 //!   attempt included, and the row lock is held for the whole handler: use it for short
-//!   handlers that cannot crash the process. Each delivery runs in a savepoint (a failure is
-//!   undone without giving up the lock), which costs much under concurrency: give it a
-//!   [`group_size`](Worker::group_size) of 10 or so (see `docs/benchmarks.md`).
+//!   handlers that cannot crash the process.
 //!
-//! In both forms a transactional worker may commit several deliveries at once
-//! ([`group_size`](Worker::group_size)): each runs in a savepoint of one transaction, a failed
-//! one rolls back only its own writes and is settled for retry, and the group commits once.
+//! # Groups
+//!
+//! A transactional worker commits several deliveries at once: each slot takes what is ready, up
+//! to a group, runs the deliveries one after another in one transaction (no savepoint), and
+//! settles the whole group (`inbox_ack_all`) in the round trip that commits it and takes the next
+//! group. By default the groups adapt to the handlers: a slot starts with one job and doubles
+//! while its groups finish within [`group_time`](Worker::group_time) (20 ms), up to
+//! [`ADAPTIVE_GROUP_MAX`] (64), and takes fewer when deliveries are slow; a lone job runs and
+//! commits at once. [`group_size`](Worker::group_size) fixes the size instead (1: a commit per
+//! job).
+//!
+//! A delivery that fails (an error, a panic, or an outcome other than ack) must be undone alone.
+//! Without a savepoint that means: the group's transaction is rolled back, the jobs still held
+//! are fenced again in a new transaction (`inbox_fence`), the failed job is settled there, and
+//! the deliveries before it run again (their writes were undone with it). So the handlers of a
+//! group may run more than once per delivery when one of them fails: their effects in the
+//! database still commit exactly once, but effects outside it must be idempotent anyway (they
+//! are at least once in every mode). After three replays in one group, or once a group has run
+//! for its time bound, the slot commits what it has done and goes on in a new transaction. A
+//! group never opens a subtransaction (each costs every snapshot in the server once more than 64
+//! are open), unless a handler opens one itself (`batch_atomic`).
 
 mod calls;
 mod heartbeat;
