@@ -1176,6 +1176,56 @@ async fn killed_group(victim: i64) {
     }
 }
 
+/// A handler that ignores a failed statement and acks leaves its group's transaction aborted:
+/// the delivery after it, whose statement is refused, is not blamed; the group is replayed one
+/// delivery per commit, the culprit's commit fails, and it alone is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_finds_the_delivery_that_left_its_transaction_aborted() {
+    for claim in [Claim::Lease, Claim::Lock] {
+        let db = TestDb::new().await;
+        let pg = setup_jobs(&db, 8, 3).await;
+        let handler = transactional(|job: Job<i64>, tx: &dyn Database| {
+            Box::pin(async move {
+                tx.execute(&effect(&job)).await?;
+                if job.payload == 0 && job.attempt == 1 {
+                    // Ignored: the transaction is aborted now.
+                    let _ = tx.execute(&Statement::new("SELECT 1 / 0")).await;
+                }
+                Ok(Outcome::ack())
+            })
+        });
+        let stats = drain(
+            Worker::transactional(pg.clone(), "jobs", handler)
+                .workers(1)
+                .group_size(3)
+                .group_time(Duration::from_secs(60))
+                .claim(claim)
+                .retry(fast_retries(5))
+                .poll_interval(Duration::from_millis(20)),
+            Duration::from_secs(30),
+        )
+        .await;
+
+        let effects = effects(&db).await;
+        for n in 0..3 {
+            let rows = &effects[&n];
+            assert_eq!(rows.len(), 1, "{claim:?}: job {n}: {rows:?}");
+            let expected = if n == 0 { 2 } else { 1 };
+            assert_eq!(rows[0].attempt, expected, "{claim:?}: job {n}");
+        }
+        assert!(jobs_left(&db, "jobs").await.is_empty(), "{claim:?}");
+        assert_eq!(
+            stats,
+            WorkerStats {
+                acked: 3,
+                retried: 1,
+                ..WorkerStats::default()
+            },
+            "{claim:?}"
+        );
+    }
+}
+
 /// A job of a group whose lease is lost while the group runs (another worker leased it after the
 /// lease expired) is left to that worker: the group is replayed without it, its other jobs
 /// commit once, and the stale delivery's write never commits.

@@ -264,7 +264,17 @@ impl Shared {
 
 /// Runs a handler future, turning an error or a panic into a retry.
 async fn run_handler(future: BoxFuture<'_, HandlerResult>) -> (Outcome, bool) {
-    match std::panic::AssertUnwindSafe(future).catch_unwind().await {
+    outcome_of(catch_handler(future).await)
+}
+
+/// Runs a handler future, catching a panic.
+async fn catch_handler(future: BoxFuture<'_, HandlerResult>) -> std::thread::Result<HandlerResult> {
+    std::panic::AssertUnwindSafe(future).catch_unwind().await
+}
+
+/// What a handler's result (or panic) means for its job, and whether the handler failed.
+fn outcome_of(result: std::thread::Result<HandlerResult>) -> (Outcome, bool) {
+    match result {
         Ok(Ok(outcome)) => (outcome, false),
         Ok(Err(error)) => (
             Outcome::Retry {

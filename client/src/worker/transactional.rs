@@ -19,7 +19,9 @@ use tokio_postgres::Statement;
 use tracing::Instrument;
 
 use super::calls::{self, Taken};
-use super::{run_handler, Claim, Job, LockFailure, Outcome, Shared, TxHandler, WorkerStats};
+use super::{
+    catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, TxHandler, WorkerStats,
+};
 use crate::error::{DbError, ErrorKind};
 use crate::sql;
 use crate::tx::PgTransaction;
@@ -28,6 +30,9 @@ type Param = dyn tokio_postgres::types::ToSql + Sync;
 
 /// Replays of one group after which every delivery commits on its own.
 const MAX_REPLAYS: usize = 3;
+
+/// `25P02 in_failed_sql_transaction`: a statement sent in a transaction that an error aborted.
+const IN_FAILED_TRANSACTION: &str = "25P02";
 
 /// How many slots a worker runs: one per delivery of `workers`, but each holds a pooled
 /// connection for good, and one connection of the pool stays free for the heartbeat.
@@ -223,6 +228,8 @@ struct Failure {
 /// How a delivery ended.
 enum Delivered {
     Ack,
+    /// The transaction was already aborted when the handler ran: not this delivery's failure.
+    Poisoned,
     /// Not acked; `wrote` when the handler ran (its writes must be undone).
     Failed {
         outcome: Outcome,
@@ -243,6 +250,10 @@ struct Group {
     /// Deliveries run, replays included, and when the group began: how long one takes.
     runs: usize,
     began: Instant,
+    /// Settlements or commits that failed, and how many the group may have: one per job it
+    /// began with, and a few.
+    recoveries: usize,
+    most_recoveries: usize,
 }
 
 /// How many jobs a slot takes for its next group.
@@ -293,6 +304,8 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
     let mut group = Group {
         runs: 0,
         began: Instant::now(),
+        recoveries: 0,
+        most_recoveries: jobs.len() + MAX_REPLAYS + 1,
         pending: VecDeque::with_capacity(jobs.len()),
         done: Vec::with_capacity(jobs.len()),
         failures: Vec::new(),
@@ -321,6 +334,13 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
             group.runs += 1;
             match deliver(shared, handler, conn, &job).instrument(span).await {
                 Delivered::Ack => group.done.push(job),
+                Delivered::Poisoned => {
+                    // Find the delivery that left the transaction aborted: from now on each
+                    // commits on its own, and the one whose commit fails is retried.
+                    group.pending.push_front(job);
+                    group.one_by_one();
+                    group.replay(shared, conn, None).await?;
+                }
                 Delivered::Failed {
                     outcome,
                     failed,
@@ -375,7 +395,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         }
     };
     let port = PgTransaction::in_transaction(conn.client());
-    let (outcome, failed) = run_handler(handler.handle(
+    let result = catch_handler(handler.handle(
         Job {
             id: job.id,
             attempt: job.attempt,
@@ -384,6 +404,18 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         &port,
     ))
     .await;
+    // A handler that finds the transaction already aborted was poisoned by an earlier delivery
+    // of the group that ignored a failed statement and acked.
+    if let Ok(Err(error)) = &result {
+        let aborted = error
+            .downcast_ref::<DbError>()
+            .and_then(DbError::sqlstate)
+            .is_some_and(|code| code == IN_FAILED_TRANSACTION);
+        if aborted {
+            return Delivered::Poisoned;
+        }
+    }
+    let (outcome, failed) = outcome_of(result);
     match outcome {
         Outcome::Ack => Delivered::Ack,
         outcome => Delivered::Failed {
@@ -599,6 +631,11 @@ impl Group {
         Ok(Some(next))
     }
 
+    /// From now on every delivery of the group commits on its own.
+    fn one_by_one(&mut self) {
+        self.replays = self.replays.max(MAX_REPLAYS + 1);
+    }
+
     /// Counts what the commit that just succeeded applied.
     fn committed(&mut self, shared: &Shared) {
         let mut tally = WorkerStats {
@@ -631,7 +668,10 @@ impl Group {
         conn: &mut SlotConnection,
         error: DbError,
     ) -> Result<(), DbError> {
-        if error.kind() == ErrorKind::ConnectionLost {
+        self.recoveries += 1;
+        if error.kind() == ErrorKind::ConnectionLost || self.recoveries > self.most_recoveries {
+            // Lost, or failing again and again without a delivery to blame: the slot gives the
+            // group up (its leases expire, its locks went with the transaction).
             return Err(error);
         }
         if error.sqlstate() == Some("55000") {
@@ -653,7 +693,7 @@ impl Group {
             }
             return self.replay(shared, conn, Some(failure)).await;
         }
-        self.replays = self.replays.max(MAX_REPLAYS + 1);
+        self.one_by_one();
         self.replay(shared, conn, None).await
     }
 }
