@@ -85,6 +85,12 @@ pub(crate) fn delivery_timeouts(statement_ms: u128, idle_ms: u128) -> String {
     )
 }
 
+/// The heartbeat waits at most this long for a row lock (a replaying group's fence).
+pub(crate) const HEARTBEAT_LOCK_TIMEOUT: &str = "SET lock_timeout = 200";
+
+/// Restores the heartbeat connection's lock timeout before it goes back to the pool.
+pub(crate) const RESET_LOCK_TIMEOUT: &str = "RESET lock_timeout";
+
 /// Restores the session settings of a connection going back to the pool.
 pub(crate) const RESET_TIMEOUTS: &str =
     "RESET statement_timeout; RESET idle_in_transaction_session_timeout";

@@ -106,3 +106,87 @@ ALTER FUNCTION inbox_fence(regclass, bigint[], bigint[]) SET plan_cache_mode = f
     name = "worker_calls_generic_plans",
     requires = [inbox_ack_all, inbox_fence]
 );
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn count(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql).expect(sql).unwrap_or(0)
+    }
+
+    /// A queue `jobs` with jobs 1, 2 and 3 leased once (token 1), and job 4 dead.
+    fn setup() {
+        Spi::run(
+            "SELECT inbox_create_queue('jobs');
+             SELECT inbox_enqueue('jobs', '{}') FROM generate_series(1, 4);
+             SELECT count(*) FROM inbox_lease('jobs', 4, '30 seconds');
+             SELECT inbox_dead('jobs', 4, 1, 'gone');",
+        )
+        .expect("setup");
+    }
+
+    #[pg_test]
+    fn ack_all_acks_every_job_held() {
+        setup();
+        assert_eq!(
+            count("SELECT inbox_ack_all('jobs', ARRAY[1, 2]::int8[], ARRAY[1, 1]::int8[])"),
+            2
+        );
+        assert_eq!(count("SELECT count(*) FROM jobs"), 2);
+        assert_eq!(
+            count("SELECT inbox_ack_all('jobs', '{}'::int8[], '{}'::int8[])"),
+            0
+        );
+    }
+
+    #[pg_test(error = "1 of 2 jobs are no longer held by their tokens")]
+    fn ack_all_raises_when_a_job_is_no_longer_held() {
+        setup();
+        Spi::run("SELECT inbox_ack_all('jobs', ARRAY[1, 2]::int8[], ARRAY[1, 2]::int8[])")
+            .expect("the ack raises");
+    }
+
+    #[pg_test(error = "1 of 1 jobs are no longer held by their tokens")]
+    fn ack_all_raises_for_a_dead_job() {
+        setup();
+        Spi::run("SELECT inbox_ack_all('jobs', ARRAY[4]::int8[], ARRAY[1]::int8[])")
+            .expect("the ack raises");
+    }
+
+    #[pg_test(error = "2 ids given with 1 tokens")]
+    fn ack_all_refuses_arrays_of_different_lengths() {
+        setup();
+        Spi::run("SELECT inbox_ack_all('jobs', ARRAY[1, 2]::int8[], ARRAY[1]::int8[])")
+            .expect("the ack raises");
+    }
+
+    #[pg_test]
+    fn fence_returns_the_jobs_their_tokens_still_hold() {
+        setup();
+        // Job 2's token is stale, job 4 is dead, job 9 does not exist.
+        let held = Spi::get_one::<Vec<i64>>(
+            "SELECT array_agg(f ORDER BY f) FROM inbox_fence('jobs', \
+             ARRAY[3, 1, 2, 4, 9]::int8[], ARRAY[1, 1, 2, 1, 1]::int8[]) AS f",
+        )
+        .expect("fence");
+        assert_eq!(held, Some(vec![1, 3]));
+        // A lock's token (minus the attempt it will count) fences a job not yet counted.
+        Spi::run("SELECT inbox_enqueue('jobs', '{}')").expect("enqueue");
+        assert_eq!(
+            count("SELECT count(*) FROM inbox_fence('jobs', ARRAY[5]::int8[], ARRAY[-1]::int8[])"),
+            1
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM inbox_fence('jobs', ARRAY[5]::int8[], ARRAY[-2]::int8[])"),
+            0
+        );
+    }
+
+    #[pg_test(error = "ids must not be NULL")]
+    fn fence_refuses_null_ids() {
+        setup();
+        Spi::run("SELECT inbox_fence('jobs', NULL, ARRAY[1]::int8[])").expect("the fence raises");
+    }
+}
