@@ -38,12 +38,18 @@ pub(crate) const QUEUE_LEASE: &str =
 pub(crate) const QUEUE_LOCK: &str =
     "SELECT id, attempt, token, payload, payload_bytes FROM inbox_lock($1::text::regclass, $2::int4)";
 
-/// `inbox_ack(queue, id, token)`: finishes a job if the token is still its delivery's.
-pub(crate) const QUEUE_ACK: &str = "SELECT inbox_ack($1::text::regclass, $2::int8, $3::int8)";
-
 /// `inbox_ack(queue, ids, tokens)`: finishes many jobs; returns how many were still theirs.
 pub(crate) const QUEUE_ACK_MANY: &str =
     "SELECT inbox_ack_batch($1::text::regclass, $2::int8[], $3::int8[])";
+
+/// `inbox_ack_all(queue, ids, tokens)`: finishes every job of a group, or raises `55000` (and so
+/// aborts the group's transaction) if any is no longer its token's.
+pub(crate) const QUEUE_ACK_ALL: &str =
+    "SELECT inbox_ack_all($1::text::regclass, $2::int8[], $3::int8[])";
+
+/// `inbox_fence(queue, ids, tokens)`: locks the jobs of a replayed group that are still its own.
+pub(crate) const QUEUE_FENCE: &str =
+    "SELECT inbox_fence($1::text::regclass, $2::int8[], $3::int8[])";
 
 /// `inbox_retry(queue, id, token, delay, error, max_attempts)`.
 pub(crate) const QUEUE_RETRY: &str = "SELECT inbox_retry($1::text::regclass, $2::int8, $3::int8, \
@@ -78,6 +84,12 @@ pub(crate) fn delivery_timeouts(statement_ms: u128, idle_ms: u128) -> String {
         "SET statement_timeout = {statement_ms}; SET idle_in_transaction_session_timeout = {idle_ms}"
     )
 }
+
+/// The heartbeat waits at most this long for a row lock (a replaying group's fence).
+pub(crate) const HEARTBEAT_LOCK_TIMEOUT: &str = "SET lock_timeout = 200";
+
+/// Restores the heartbeat connection's lock timeout before it goes back to the pool.
+pub(crate) const RESET_LOCK_TIMEOUT: &str = "RESET lock_timeout";
 
 /// Restores the session settings of a connection going back to the pool.
 pub(crate) const RESET_TIMEOUTS: &str =
@@ -115,13 +127,10 @@ pub(crate) const QUEUE_DEAD_JOBS: &str =
 pub(crate) const BEGIN: &str = "BEGIN";
 pub(crate) const COMMIT: &str = "COMMIT";
 pub(crate) const ROLLBACK: &str = "ROLLBACK";
-/// Each delivery of a group runs in this savepoint.
-pub(crate) const SAVEPOINT: &str = "SAVEPOINT inbox_delivery";
-/// Keeps the previous delivery's writes and opens the next delivery's savepoint.
-pub(crate) const NEXT_SAVEPOINT: &str =
-    "RELEASE SAVEPOINT inbox_delivery; SAVEPOINT inbox_delivery";
-/// Undoes a delivery's writes, keeping the transaction (and its row locks) for its settlement.
-pub(crate) const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT inbox_delivery";
+/// Commits a group and opens the next group's transaction, in one message.
+pub(crate) const COMMIT_BEGIN: &str = "COMMIT; BEGIN";
+/// Undoes a group's transaction and opens the one in which it is replayed, in one message.
+pub(crate) const ROLLBACK_BEGIN: &str = "ROLLBACK; BEGIN";
 
 /// `inbox_schedule(queue, name, cron, payload, time_zone)`: creates or replaces a schedule.
 pub(crate) const SCHEDULE: &str = "SELECT inbox_schedule($1::text::regclass, $2::text, $3::text, \

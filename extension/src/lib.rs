@@ -20,6 +20,7 @@ pub mod queue;
 pub mod schedule;
 mod shape;
 mod statements;
+pub mod worker_calls;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;

@@ -45,6 +45,7 @@ pub(crate) enum Op {
     RequeueDead,
     Discard,
     DeadJobs,
+    Fence,
 }
 
 /// What must be dropped from the cache before its next use.

@@ -513,8 +513,12 @@ fn inbox_ack_batch(
     tokens: Option<BigintArray>,
 ) -> i64 {
     let queue = required(queue, "queue").0;
-    let ids = required(ids, "ids");
-    let tokens = required(tokens, "tokens");
+    ack_batch(queue, required(ids, "ids"), required(tokens, "tokens"))
+}
+
+/// Acks the jobs of `ids` still held by their `tokens`, and promotes the next job of every group
+/// whose head it acked; returns how many it acked. `2202E` for arrays of unequal length.
+pub(crate) fn ack_batch(queue: pg_sys::Oid, ids: BigintArray, tokens: BigintArray) -> i64 {
     let (id_facts, token_facts) = (array_facts(ids.0, "ids"), array_facts(tokens.0, "tokens"));
     if id_facts.len != token_facts.len {
         raise(

@@ -532,9 +532,9 @@ async fn chaos_handle(job: Job<i64>, tx: &dyn Database) -> HandlerResult {
     }
 }
 
-/// Runs `count` chaos jobs through 8 transactional workers and checks every job's end against the
-/// prediction.
-async fn chaos(count: i64, claim: Claim, group_size: usize) {
+/// Runs `count` chaos jobs through 8 transactional workers (groups of `group_size`, or adaptive
+/// groups by default) and checks every job's end against the prediction.
+async fn chaos(count: i64, claim: Claim, group_size: Option<usize>) {
     quiet_chaos_panics();
     let _load = LOAD.write().await;
     let db = TestDb::new().await;
@@ -545,11 +545,15 @@ async fn chaos(count: i64, claim: Claim, group_size: usize) {
 
     let handler = transactional(|job: Job<i64>, tx: &dyn Database| Box::pin(chaos_handle(job, tx)));
     let started = Instant::now();
+    let worker = Worker::transactional(pg.clone(), "jobs", handler)
+        .workers(8)
+        .claim(claim);
+    let worker = match group_size {
+        Some(n) => worker.group_size(n),
+        None => worker,
+    };
     let stats = drain(
-        Worker::transactional(pg.clone(), "jobs", handler)
-            .workers(8)
-            .claim(claim)
-            .group_size(group_size)
+        worker
             .retry(fast_retries(CHAOS_MAX_ATTEMPTS))
             // The heartbeat runs (the default), racing the retries.
             .poll_interval(Duration::from_millis(20)),
@@ -557,7 +561,7 @@ async fn chaos(count: i64, claim: Claim, group_size: usize) {
     )
     .await;
     eprintln!(
-        "chaos {claim:?} x{group_size}: {count} jobs in {:?}: {stats:?}",
+        "chaos {claim:?} x{group_size:?}: {count} jobs in {:?}: {stats:?}",
         started.elapsed()
     );
 
@@ -593,25 +597,39 @@ async fn chaos(count: i64, claim: Claim, group_size: usize) {
     assert_eq!(stats, prediction.stats);
 }
 
-/// 8 workers committing groups of 10 deliveries (each in its savepoint) on 20,000 jobs that
-/// randomly ack, retry, fail or panic: every job ends acked with exactly one effect row or
-/// dead-lettered with none, exactly as predicted.
+/// 8 workers committing groups of 10 deliveries (a failed one replayed without, no savepoint) on
+/// 20,000 jobs that randomly ack, retry, fail or panic: every job ends acked with exactly one
+/// effect row or dead-lettered with none, exactly as predicted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_groups_of_ten_every_job_acked_once_or_dead() {
-    chaos(20_000, Claim::Lease, 10).await;
+    chaos(20_000, Claim::Lease, Some(10)).await;
+}
+
+/// The same chaos with the default groups, which adapt (up to 64 jobs): nearly every group has
+/// failures in it, replayed without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_adaptive_groups_every_job_acked_once_or_dead() {
+    chaos(20_000, Claim::Lease, None).await;
+}
+
+/// The same with row locks and adaptive groups: a failed delivery's rollback releases its
+/// group's locks, and other slots take some of those jobs before the group is fenced again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_lock_adaptive_groups_every_job_acked_once_or_dead() {
+    chaos(10_000, Claim::Lock, None).await;
 }
 
 /// The same chaos on 5,000 jobs, each delivery in a transaction of its own after a committed
 /// lease (two commits per delivery: 20,000 jobs take 35-50 s on two shared cores).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_lease_every_job_acked_once_or_dead() {
-    chaos(5_000, Claim::Lease, 1).await;
+    chaos(5_000, Claim::Lease, Some(1)).await;
 }
 
 /// The same chaos on 5,000 jobs, each taken under a row lock by its delivery's transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_lock_every_job_acked_once_or_dead() {
-    chaos(5_000, Claim::Lock, 1).await;
+    chaos(5_000, Claim::Lock, Some(1)).await;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -999,8 +1017,8 @@ async fn shutdown_abandons_handlers_past_the_deadline_and_releases_their_jobs() 
 // ------------------------------------------------------------------------------------------------
 
 /// In a group of 5 committed together, a delivery that asks for a retry, fails or panics rolls
-/// back only its own writes: the other four commit in one transaction, and it is retried
-/// (attempt 2) and acked.
+/// back only its own writes: the group is rolled back and replayed without it, the other four
+/// commit in one transaction, and it is retried (attempt 2) and acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_commits_the_others_when_one_delivery_fails() {
     quiet_chaos_panics();
@@ -1031,6 +1049,8 @@ async fn group_commits_the_others_when_one_delivery_fails() {
                 Worker::transactional(pg.clone(), "jobs", handler)
                     .workers(1)
                     .group_size(5)
+                    // No time bound: the group commits once, however loaded the machine.
+                    .group_time(Duration::from_secs(60))
                     .claim(claim)
                     .retry(fast_retries(5))
                     .poll_interval(Duration::from_millis(20)),
@@ -1039,7 +1059,9 @@ async fn group_commits_the_others_when_one_delivery_fails() {
             .await;
 
             let case = format!("{claim:?}, {failure:?}");
-            assert_eq!(runs.load(Ordering::SeqCst), 6, "{case}");
+            // Jobs 0 and 1 ran before job 2 failed: the group is replayed without it (no
+            // savepoint), so they run again; then job 2's second attempt.
+            assert_eq!(runs.load(Ordering::SeqCst), 8, "{case}");
             let effects = effects(&db).await;
             let mut group_xids = HashSet::new();
             for n in 0..5 {
@@ -1073,6 +1095,18 @@ async fn group_commits_the_others_when_one_delivery_fails() {
 /// lock form: at once, the attempt uncounted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_on_a_killed_connection_applies_nothing_and_runs_again() {
+    killed_group(4).await;
+}
+
+/// The same with the connection killed in the middle of the group (its third delivery), the two
+/// before it done and the two after it not yet run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_killed_mid_group_applies_nothing_and_runs_again() {
+    killed_group(2).await;
+}
+
+/// A group of 5 whose connection is killed by the delivery of job `victim`.
+async fn killed_group(victim: i64) {
     for claim in [Claim::Lease, Claim::Lock] {
         let db = TestDb::new().await;
         let pg = setup_jobs(&db, 8, 5).await;
@@ -1086,7 +1120,7 @@ async fn group_on_a_killed_connection_applies_nothing_and_runs_again() {
                 Box::pin(async move {
                     runs.fetch_add(1, Ordering::SeqCst);
                     tx.execute(&effect(&job)).await?;
-                    if job.payload == 4 && !killed.swap(true, Ordering::SeqCst) {
+                    if job.payload == victim && !killed.swap(true, Ordering::SeqCst) {
                         let xid = tx
                             .query(&Statement::new("SELECT txid_current() AS xid"))
                             .await?
@@ -1106,6 +1140,7 @@ async fn group_on_a_killed_connection_applies_nothing_and_runs_again() {
             Worker::transactional(pg.clone(), "jobs", handler)
                 .workers(1)
                 .group_size(5)
+                .group_time(Duration::from_secs(60))
                 .claim(claim)
                 .lease(Duration::from_secs(1))
                 .poll_interval(Duration::from_millis(50)),
@@ -1117,8 +1152,9 @@ async fn group_on_a_killed_connection_applies_nothing_and_runs_again() {
         let killed_xid = killed_xid.lock().unwrap().expect("the killed group's xid");
         assert_eq!(
             runs.load(Ordering::SeqCst),
-            10,
-            "{claim:?}: 5 killed, 5 again"
+            victim as usize + 1 + 5,
+            "{claim:?}: {} run in the killed group, 5 again",
+            victim + 1
         );
         let effects = effects(&db).await;
         let expected_attempt = match claim {
@@ -1138,6 +1174,134 @@ async fn group_on_a_killed_connection_applies_nothing_and_runs_again() {
             "{claim:?}"
         );
     }
+}
+
+/// A handler that ignores a failed statement and acks leaves its group's transaction aborted:
+/// the delivery after it, whose statement is refused, is not blamed; the group is replayed one
+/// delivery per commit, the culprit's commit fails, and it alone is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_finds_the_delivery_that_left_its_transaction_aborted() {
+    for claim in [Claim::Lease, Claim::Lock] {
+        let db = TestDb::new().await;
+        let pg = setup_jobs(&db, 8, 3).await;
+        let handler = transactional(|job: Job<i64>, tx: &dyn Database| {
+            Box::pin(async move {
+                tx.execute(&effect(&job)).await?;
+                if job.payload == 0 && job.attempt == 1 {
+                    // Ignored: the transaction is aborted now.
+                    let _ = tx.execute(&Statement::new("SELECT 1 / 0")).await;
+                }
+                Ok(Outcome::ack())
+            })
+        });
+        let stats = drain(
+            Worker::transactional(pg.clone(), "jobs", handler)
+                .workers(1)
+                .group_size(3)
+                .group_time(Duration::from_secs(60))
+                .claim(claim)
+                .retry(fast_retries(5))
+                .poll_interval(Duration::from_millis(20)),
+            Duration::from_secs(30),
+        )
+        .await;
+
+        let effects = effects(&db).await;
+        for n in 0..3 {
+            let rows = &effects[&n];
+            assert_eq!(rows.len(), 1, "{claim:?}: job {n}: {rows:?}");
+            let expected = if n == 0 { 2 } else { 1 };
+            assert_eq!(rows[0].attempt, expected, "{claim:?}: job {n}");
+        }
+        assert!(jobs_left(&db, "jobs").await.is_empty(), "{claim:?}");
+        assert_eq!(
+            stats,
+            WorkerStats {
+                acked: 3,
+                retried: 1,
+                ..WorkerStats::default()
+            },
+            "{claim:?}"
+        );
+    }
+}
+
+/// A job of a group whose lease is lost while the group runs (another worker leased it after the
+/// lease expired) is left to that worker: the group is replayed without it, its other jobs
+/// commit once, and the stale delivery's write never commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_with_a_lost_lease_commits_the_others_and_counts_it_lost() {
+    let _load = LOAD.read().await;
+    let db = TestDb::new().await;
+    let pg = setup_jobs(&db, 8, 3).await;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let (runs, db_config) = (runs.clone(), db.config());
+        transactional(move |job: Job<i64>, tx: &dyn Database| {
+            let (runs, db_config) = (runs.clone(), db_config.clone());
+            Box::pin(async move {
+                tx.execute(&effect(&job)).await?;
+                runs.lock().unwrap().push(job.payload);
+                if job.payload == 1 && job.attempt == 1 {
+                    // Another worker leases job 1 (its lease here has expired): what
+                    // `inbox_lease` does to the row, written from another connection.
+                    let (thief, connection) = db_config.connect(tokio_postgres::NoTls).await?;
+                    tokio::spawn(connection);
+                    thief
+                        .execute(
+                            "UPDATE jobs SET attempt = attempt + 1, \
+                             locked_until = now() + interval '30 seconds' WHERE payload = '1'",
+                            &[],
+                        )
+                        .await?;
+                }
+                Ok(Outcome::ack())
+            })
+        })
+    };
+    let stats = Worker::transactional(pg.clone(), "jobs", handler)
+        .workers(1)
+        .group_size(3)
+        .group_time(Duration::from_secs(60))
+        .heartbeat(false)
+        .poll_interval(Duration::from_millis(20))
+        .start();
+    wait_for("the group to settle", Duration::from_secs(20), || {
+        let s = stats.stats();
+        s.acked == 2 && s.lost == 1
+    })
+    .await;
+    let stats = stats.shutdown(Duration::from_secs(5)).await;
+
+    // Jobs 0 and 2 ran again in the replay; job 1 only once here.
+    assert_eq!(*runs.lock().unwrap(), vec![0, 1, 2, 0, 2]);
+    assert_eq!(
+        stats,
+        WorkerStats {
+            acked: 2,
+            lost: 1,
+            ..WorkerStats::default()
+        }
+    );
+    let effects = effects(&db).await;
+    assert_eq!(
+        effects.get(&1),
+        None,
+        "the stale delivery's write did not commit"
+    );
+    for n in [0, 2] {
+        let rows = &effects[&n];
+        assert_eq!(rows.len(), 1, "job {n}: {rows:?}");
+        assert_eq!(rows[0].attempt, 1, "job {n}");
+    }
+    assert_eq!(effects[&0][0].xid, effects[&2][0].xid, "committed together");
+    // Job 1 is the other worker's now: leased with attempt 2, untouched by the stale group.
+    let left = jobs_left(&db, "jobs").await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(
+        left[0].n == 1 && left[0].attempt == 2 && left[0].leased,
+        "{left:?}"
+    );
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -45,7 +45,11 @@ async fn take(
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<Taken>, DbError> {
     let prepared = client.prepare_cached(statement).await?;
-    let rows = client.query(&prepared, params).await?;
+    read_taken(client.query(&prepared, params).await?)
+}
+
+/// The jobs of an `inbox_lease`/`inbox_lock` result.
+pub(crate) fn read_taken(rows: Vec<tokio_postgres::Row>) -> Result<Vec<Taken>, DbError> {
     rows.iter()
         .map(|row| {
             let json: Option<PayloadBytes> = row.try_get(3)?;
@@ -70,15 +74,6 @@ pub(crate) async fn lease(
     take(client, sql::QUEUE_LEASE, &[&queue, &max, &interval(lease)]).await
 }
 
-/// Row-locks up to `max` jobs in the transaction `client` is in.
-pub(crate) async fn lock(
-    client: &impl GenericClient,
-    queue: &str,
-    max: i32,
-) -> Result<Vec<Taken>, DbError> {
-    take(client, sql::QUEUE_LOCK, &[&queue, &max]).await
-}
-
 async fn one_bool(
     client: &impl GenericClient,
     statement: &str,
@@ -86,29 +81,6 @@ async fn one_bool(
 ) -> Result<bool, DbError> {
     let prepared = client.prepare_cached(statement).await?;
     Ok(client.query_one(&prepared, params).await?.try_get(0)?)
-}
-
-pub(crate) async fn ack(
-    client: &impl GenericClient,
-    queue: &str,
-    id: i64,
-    token: i64,
-) -> Result<bool, DbError> {
-    one_bool(client, sql::QUEUE_ACK, &[&queue, &id, &token]).await
-}
-
-/// Acks many jobs; returns how many were still their tokens'.
-pub(crate) async fn ack_many(
-    client: &impl GenericClient,
-    queue: &str,
-    ids: &[i64],
-    tokens: &[i64],
-) -> Result<i64, DbError> {
-    let prepared = client.prepare_cached(sql::QUEUE_ACK_MANY).await?;
-    Ok(client
-        .query_one(&prepared, &[&queue, &ids, &tokens])
-        .await?
-        .try_get(0)?)
 }
 
 pub(crate) async fn retry(
@@ -162,6 +134,6 @@ pub(crate) async fn is_idle(client: &impl GenericClient, queue: &str) -> Result<
 
 /// An interval as text PostgreSQL parses (`'1.5 seconds'`), since tokio-postgres has no
 /// `interval` type.
-fn interval(duration: Duration) -> String {
+pub(crate) fn interval(duration: Duration) -> String {
     format!("{} microseconds", duration.as_micros())
 }

@@ -4,6 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{calls, Shared};
+use crate::sql;
+
+/// `55P03 lock_not_available`: the heartbeat's lock timeout passed.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// How often a stopping worker's heartbeat looks for its last deliveries to have finished.
 const STOPPING_POLL: Duration = Duration::from_millis(10);
@@ -49,16 +53,26 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 continue;
             }
         };
+        // A job whose row a replaying group has fenced is safe until that group commits: its
+        // extension is skipped rather than waited for, so the other jobs are extended in time.
+        if let Err(error) = client.batch_execute(sql::HEARTBEAT_LOCK_TIMEOUT).await {
+            tracing::warn!(queue = %shared.queue, %error, "heartbeat failed");
+            continue;
+        }
         for job in held {
             match calls::extend(&client, &shared.queue, job, lease).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::debug!(queue = %shared.queue, id = job.0, "lease already settled or lost")
                 }
+                Err(error) if error.sqlstate() == Some(LOCK_NOT_AVAILABLE) => {
+                    tracing::debug!(queue = %shared.queue, id = job.0, "job fenced by its group; not extended")
+                }
                 Err(error) => {
                     tracing::warn!(queue = %shared.queue, id = job.0, %error, "heartbeat failed")
                 }
             }
         }
+        let _ = client.batch_execute(sql::RESET_LOCK_TIMEOUT).await;
     }
 }

@@ -14,17 +14,34 @@
 //!   `max_attempts` instead of crashing workers forever. The handler's transaction holds no
 //!   lock while the lease is being taken, a heartbeat extends the lease while the handler runs,
 //!   and settlement is fenced by the lease's token, so a handler that lost its lease (a long
-//!   pause, a partition) commits nothing. It costs one more transaction per group.
+//!   pause, a partition) commits nothing. It costs one more commit, but only when a slot starts
+//!   on an idle queue: the lease of a slot's next group commits with its current group.
 //! - [`Claim::Lock`] takes the jobs with `inbox_lock` inside the handler's transaction: lease,
 //!   work and settlement are one transaction, the cheapest form. A crash rolls everything back,
 //!   attempt included, and the row lock is held for the whole handler: use it for short
-//!   handlers that cannot crash the process. Each delivery runs in a savepoint (a failure is
-//!   undone without giving up the lock), which costs much under concurrency: give it a
-//!   [`group_size`](Worker::group_size) of 10 or so (see `docs/benchmarks.md`).
+//!   handlers that cannot crash the process.
 //!
-//! In both forms a transactional worker may commit several deliveries at once
-//! ([`group_size`](Worker::group_size)): each runs in a savepoint of one transaction, a failed
-//! one rolls back only its own writes and is settled for retry, and the group commits once.
+//! # Groups
+//!
+//! A transactional worker commits several deliveries at once: each slot takes what is ready, up
+//! to a group, runs the deliveries one after another in one transaction (no savepoint), and
+//! settles the whole group (`inbox_ack_all`) in the round trip that commits it and takes the next
+//! group. By default the groups adapt to the handlers: a slot starts with one job and doubles
+//! while its groups finish within [`group_time`](Worker::group_time) (20 ms), up to
+//! [`ADAPTIVE_GROUP_MAX`] (64), and takes fewer when deliveries are slow; a lone job runs and
+//! commits at once. [`group_size`](Worker::group_size) fixes the size instead (1: a commit per
+//! job).
+//!
+//! A delivery that fails (an error, a panic, or an outcome other than ack) must be undone alone.
+//! Without a savepoint that means: the group's transaction is rolled back, the jobs still held
+//! are fenced again in a new transaction (`inbox_fence`), the failed job is settled there, and
+//! the deliveries before it run again (their writes were undone with it). So the handlers of a
+//! group may run more than once per delivery when one of them fails: their effects in the
+//! database still commit exactly once, but effects outside it must be idempotent anyway (they
+//! are at least once in every mode). After three replays in one group, or once a group has run
+//! for its time bound, the slot commits what it has done and goes on in a new transaction. A
+//! group never opens a subtransaction (each costs every snapshot in the server once more than 64
+//! are open), unless a handler opens one itself (`batch_atomic`).
 
 mod calls;
 mod heartbeat;
@@ -53,6 +70,9 @@ pub use job::{
     transactional, BoxFuture, Handler, HandlerError, HandlerResult, Job, Outcome, TxHandler,
 };
 pub use policy::RetryPolicy;
+
+/// The largest group a transactional worker with adaptive groups (the default) commits at once.
+pub const ADAPTIVE_GROUP_MAX: usize = 64;
 
 /// How a worker takes its jobs; see the [module documentation](self) for which to choose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,7 +138,9 @@ struct Settings {
     heartbeat: bool,
     retry: RetryPolicy,
     claim: Claim,
-    group_size: usize,
+    /// A fixed group size, or `None` for groups that adapt to the handlers.
+    group_size: Option<usize>,
+    group_time: Duration,
     batch_size: usize,
     poll_interval: Duration,
     statement_timeout: Duration,
@@ -133,7 +155,8 @@ impl Default for Settings {
             heartbeat: true,
             retry: RetryPolicy::default(),
             claim: Claim::Lease,
-            group_size: 1,
+            group_size: None,
+            group_time: Duration::from_millis(20),
             batch_size: 100,
             poll_interval: Duration::from_millis(500),
             statement_timeout: Duration::from_secs(30),
@@ -159,6 +182,17 @@ struct Shared {
     /// Leased jobs being worked on (id → token): what the heartbeat extends, and what a
     /// shutdown releases if their handlers had to be abandoned.
     in_flight: Mutex<HashMap<i64, i64>>,
+    /// Locked jobs whose delivery failed and was rolled back, by id, until their settlement
+    /// commits: a slot that takes one in the moment between settles it as it failed.
+    lock_failures: Mutex<HashMap<i64, LockFailure>>,
+}
+
+/// A failed delivery of a locked job, remembered until its settlement commits.
+#[derive(Clone, Debug)]
+struct LockFailure {
+    token: i64,
+    outcome: Outcome,
+    failed: bool,
 }
 
 impl Shared {
@@ -172,6 +206,35 @@ impl Shared {
         if let Ok(mut held) = self.in_flight.lock() {
             for id in ids {
                 held.remove(&id);
+            }
+        }
+    }
+
+    fn remember_lock_failure(&self, job: &calls::Taken, outcome: &Outcome, failed: bool) {
+        if let Ok(mut failures) = self.lock_failures.lock() {
+            failures.insert(job.id, LockFailure::new(job.token, outcome, failed));
+        }
+    }
+
+    /// The remembered failure of this very delivery (same job, same token), if any.
+    fn lock_failure(&self, job: &calls::Taken) -> Option<LockFailure> {
+        if job.token >= 0 {
+            return None;
+        }
+        let failures = self.lock_failures.lock().ok()?;
+        failures
+            .get(&job.id)
+            .filter(|failure| failure.token == job.token)
+            .cloned()
+    }
+
+    fn forget_lock_failure(&self, id: i64, token: i64) {
+        if token >= 0 {
+            return;
+        }
+        if let Ok(mut failures) = self.lock_failures.lock() {
+            if failures.get(&id).is_some_and(|f| f.token == token) {
+                failures.remove(&id);
             }
         }
     }
@@ -201,7 +264,17 @@ impl Shared {
 
 /// Runs a handler future, turning an error or a panic into a retry.
 async fn run_handler(future: BoxFuture<'_, HandlerResult>) -> (Outcome, bool) {
-    match std::panic::AssertUnwindSafe(future).catch_unwind().await {
+    outcome_of(catch_handler(future).await)
+}
+
+/// Runs a handler future, catching a panic.
+async fn catch_handler(future: BoxFuture<'_, HandlerResult>) -> std::thread::Result<HandlerResult> {
+    std::panic::AssertUnwindSafe(future).catch_unwind().await
+}
+
+/// What a handler's result (or panic) means for its job, and whether the handler failed.
+fn outcome_of(result: std::thread::Result<HandlerResult>) -> (Outcome, bool) {
+    match result {
         Ok(Ok(outcome)) => (outcome, false),
         Ok(Err(error)) => (
             Outcome::Retry {
@@ -262,8 +335,10 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         }
     }
 
-    /// How many deliveries run at once (default 4). A transactional worker holds one pooled
-    /// connection per delivery, and the heartbeat one more: size the pool above this.
+    /// How many deliveries run at once (default 4). A transactional worker runs them in slots
+    /// that hold one pooled connection each, leaving one of the pool for the heartbeat: with a
+    /// pool of `n` connections it runs at most `n - 1` slots (deadpool's default pool has four
+    /// per CPU), and its groups make up for it.
     pub fn workers(mut self, n: usize) -> Self {
         self.settings.workers = n.max(1);
         self
@@ -293,9 +368,23 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         self
     }
 
-    /// Deliveries committed together by a transactional worker (default 1: a commit per job).
+    /// Deliveries a transactional worker commits together: each slot takes what is ready, up
+    /// to `n` jobs, and commits them in one transaction; 1 commits every job on its own.
+    ///
+    /// By default the groups adapt to the handlers: a slot starts with one job, doubles its
+    /// group while groups finish within [`group_time`](Worker::group_time), up to
+    /// [`ADAPTIVE_GROUP_MAX`], and takes fewer when deliveries are slow, so slow handlers still
+    /// run `workers` at a time and a lone job runs and commits at once.
     pub fn group_size(mut self, n: usize) -> Self {
-        self.settings.group_size = n.max(1);
+        self.settings.group_size = Some(n.max(1));
+        self
+    }
+
+    /// How long a group runs before a transactional worker commits the deliveries it has done
+    /// and goes on with the rest of the group in a new transaction (default 20 ms): a slow
+    /// handler holds back the commit of the deliveries before it by at most about this long.
+    pub fn group_time(mut self, bound: Duration) -> Self {
+        self.settings.group_time = bound;
         self
     }
 
@@ -336,6 +425,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             wake: Notify::new(),
             stop: CancellationToken::new(),
             in_flight: Mutex::new(HashMap::new()),
+            lock_failures: Mutex::new(HashMap::new()),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(listen::run(shared.clone()));
@@ -345,7 +435,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         }
         match self.mode {
             Mode::Transactional(handler) => {
-                for _ in 0..shared.settings.workers {
+                for _ in 0..transactional::slots(&shared) {
                     tasks.spawn(transactional::run(shared.clone(), handler.clone()));
                 }
             }

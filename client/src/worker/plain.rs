@@ -1,8 +1,14 @@
 //! Plain mode: jobs leased in batches, handlers run concurrently with no transaction, and the
 //! finished jobs acked in batches.
+//!
+//! A few fetchers share the worker's room for deliveries; each holds a pooled connection and, in
+//! one round trip, acks what its handlers finished since its last call and leases as many jobs as
+//! there is room for (two statements, each its own transaction, pipelined). Several fetchers keep
+//! several leases in flight while the others' commits are being flushed.
 
 use std::sync::Arc;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
@@ -11,75 +17,233 @@ use tracing::Instrument;
 use super::calls::{self, Taken};
 use super::{run_handler, Handler, Job, Outcome, Shared, WorkerStats};
 use crate::error::DbError;
+use crate::sql;
 
-/// Leases jobs while there is room for them, runs each handler on a task of its own, and acks
-/// the finished ones in batches; until the worker stops and every handler has finished.
+/// The most fetchers a plain worker runs.
+const MAX_FETCHERS: usize = 4;
+
+/// What a delivery tells its fetcher when it ends.
+enum Finished {
+    /// The handler acked: the fetcher acks the job in its next call.
+    Ack(i64, i64),
+    /// Settled (retried or dead-lettered) by the delivery itself, or left to its lease.
+    Settled,
+}
+
+/// Runs the fetchers until the worker stops and every handler has finished.
 pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
     shared: Arc<Shared>,
     handler: Arc<dyn Handler<T>>,
 ) {
-    let room = Arc::new(Semaphore::new(shared.settings.workers));
-    let (acks, finished) = mpsc::unbounded_channel();
-    let acker = tokio::spawn(ack_batches(shared.clone(), finished));
-    let mut handlers = JoinSet::new();
-    while !shared.stop.is_cancelled() {
-        // Wait for room for one job, then take as much more as there is, up to a batch.
-        let first = tokio::select! {
-            permit = room.clone().acquire_owned() => permit,
-            _ = shared.stop.cancelled() => break,
-        };
-        let Ok(first) = first else { break };
-        let mut permits = vec![first];
-        while permits.len() < shared.settings.batch_size {
-            match room.clone().try_acquire_owned() {
-                Ok(permit) => permits.push(permit),
-                Err(_) => break,
-            }
-        }
-        let jobs = match lease(&shared, permits.len()).await {
-            Ok(jobs) => jobs,
-            Err(error) => {
-                drop(permits);
-                shared.back_off(&error).await;
-                continue;
-            }
-        };
-        if jobs.is_empty() {
-            drop(permits);
-            shared.idle().await;
-            continue;
-        }
-        shared.hold(jobs.iter().map(|job| (job.id, job.token)));
-        for (job, permit) in jobs.into_iter().zip(permits) {
-            let (shared, handler, acks) = (shared.clone(), handler.clone(), acks.clone());
-            let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
-            handlers.spawn(
-                async move {
-                    deliver(&shared, &*handler, job, &acks).await;
-                    drop(permit);
-                }
-                .instrument(span),
-            );
-        }
-        // Reap finished tasks so the set does not grow without bound.
-        while handlers.try_join_next().is_some() {}
+    let settings = &shared.settings;
+    let fetchers = settings
+        .workers
+        .div_ceil(settings.batch_size)
+        .clamp(1, MAX_FETCHERS);
+    // The most a fetcher leases in one call: a batch, or its share of the room.
+    let chunk = settings
+        .batch_size
+        .min(settings.workers.div_ceil(fetchers))
+        .max(1);
+    let room = Arc::new(Semaphore::new(settings.workers));
+    let mut tasks = JoinSet::new();
+    for _ in 0..fetchers {
+        tasks.spawn(fetch(shared.clone(), handler.clone(), room.clone(), chunk));
     }
-    while handlers.join_next().await.is_some() {}
-    drop(acks);
-    let _ = acker.await;
+    while tasks.join_next().await.is_some() {}
 }
 
-async fn lease(shared: &Shared, max: usize) -> Result<Vec<Taken>, DbError> {
-    let client = shared.db.pool().get().await?;
-    calls::lease(&client, &shared.queue, max as i32, shared.settings.lease).await
+/// What a fetcher has gathered for its next call.
+#[derive(Default)]
+struct Gathered {
+    /// Finished deliveries to ack.
+    done: Vec<(i64, i64)>,
+    /// Room taken for new deliveries (permits of the shared room, held until they finish).
+    room: usize,
+}
+
+/// One fetcher: leases while there is room, runs the handlers, and acks the
+/// finished jobs with its next lease; until the worker stops and its handlers have finished.
+/// The handlers of one lease run concurrently on one task.
+///
+/// A call is made once it carries half a chunk of acks or of room, or once none of the
+/// fetcher's deliveries is running: calls stay large while handlers finish one by one.
+async fn fetch<T: DeserializeOwned + Send + 'static>(
+    shared: Arc<Shared>,
+    handler: Arc<dyn Handler<T>>,
+    room: Arc<Semaphore>,
+    chunk: usize,
+) {
+    let enough = chunk.div_ceil(2);
+    let (report, mut finished) = mpsc::unbounded_channel();
+    let mut handlers = JoinSet::new();
+    let mut running = 0_usize;
+    let mut next = Gathered::default();
+    let mut client = None;
+    // Whether the last lease found nothing.
+    let mut dry = false;
+    loop {
+        let mut stopping = shared.stop.is_cancelled();
+        loop {
+            while let Ok(ended) = finished.try_recv() {
+                running -= 1;
+                if let Finished::Ack(id, token) = ended {
+                    next.done.push((id, token));
+                }
+            }
+            let leasing = !stopping && !dry;
+            if leasing {
+                let free = room.available_permits().min(chunk - next.room);
+                if free > 0
+                    && room
+                        .try_acquire_many(free as u32)
+                        .map(|p| p.forget())
+                        .is_ok()
+                {
+                    next.room += free;
+                }
+            } else if next.room > 0 {
+                room.add_permits(std::mem::take(&mut next.room));
+            }
+            let idle_now = running == 0;
+            if next.done.len() >= enough
+                || next.room >= enough
+                || (idle_now && (next.room > 0 || !next.done.is_empty()))
+                || (idle_now && stopping)
+            {
+                break;
+            }
+            tokio::select! {
+                ended = finished.recv(), if running > 0 => {
+                    if let Some(ended) = ended {
+                        running -= 1;
+                        if let Finished::Ack(id, token) = ended {
+                            next.done.push((id, token));
+                        }
+                    }
+                }
+                permit = room.acquire_many(1), if leasing => {
+                    if let Ok(permit) = permit {
+                        permit.forget();
+                        next.room += 1;
+                    }
+                }
+                _ = shared.idle(), if dry && !stopping => dry = false,
+                _ = shared.stop.cancelled(), if !stopping => {}
+            }
+            stopping = shared.stop.is_cancelled();
+        }
+        if stopping && running == 0 && next.done.is_empty() {
+            break;
+        }
+        if next.done.is_empty() && next.room == 0 {
+            continue;
+        }
+        let conn = match client.take() {
+            Some(conn) => conn,
+            None => match shared.db.pool().get().await {
+                Ok(conn) => conn,
+                Err(error) => {
+                    shared.back_off(&DbError::from(error)).await;
+                    continue;
+                }
+            },
+        };
+        let call = std::mem::take(&mut next);
+        match ack_and_lease(&shared, &conn, &call.done, call.room).await {
+            Ok((acked, jobs)) => {
+                client = Some(conn);
+                if let Some(acked) = acked {
+                    count_acks(&shared, &call.done, acked);
+                }
+                // Room not used goes back for the other fetchers.
+                room.add_permits(call.room - jobs.len());
+                dry = jobs.is_empty() && call.room > 0;
+                shared.hold(jobs.iter().map(|job| (job.id, job.token)));
+                // One task per batch runs its handlers concurrently, each reported as it ends.
+                if !jobs.is_empty() {
+                    running += jobs.len();
+                    let (shared, handler, report, room) = (
+                        shared.clone(),
+                        handler.clone(),
+                        report.clone(),
+                        room.clone(),
+                    );
+                    handlers.spawn(async move {
+                        let mut deliveries: FuturesUnordered<_> = jobs
+                            .into_iter()
+                            .map(|job| {
+                                let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
+                                deliver(&shared, &*handler, job).instrument(span)
+                            })
+                            .collect();
+                        while let Some(ended) = deliveries.next().await {
+                            room.add_permits(1);
+                            let _ = report.send(ended);
+                        }
+                    });
+                }
+                // Reap finished tasks so the set does not grow without bound.
+                while handlers.try_join_next().is_some() {}
+            }
+            Err(error) => {
+                // The acks may or may not have committed: the leases of those not acked expire
+                // and the jobs run again (at least once).
+                if !call.done.is_empty() {
+                    tracing::warn!(%error, jobs = call.done.len(), "cannot ack; the leases will expire and the jobs run again");
+                    shared.release(call.done.iter().map(|&(id, _)| id));
+                }
+                room.add_permits(call.room);
+                shared.back_off(&error).await;
+            }
+        }
+    }
+    while handlers.join_next().await.is_some() {}
+}
+
+/// Acks `acks` (if any) and leases up to `max` jobs (if any room) in one round trip; returns
+/// how many of the acks applied, and the jobs leased.
+async fn ack_and_lease(
+    shared: &Shared,
+    client: &deadpool_postgres::Client,
+    acks: &[(i64, i64)],
+    max: usize,
+) -> Result<(Option<i64>, Vec<Taken>), DbError> {
+    let ack = async {
+        if acks.is_empty() {
+            return Ok(None);
+        }
+        let (ids, tokens): (Vec<i64>, Vec<i64>) = acks.iter().copied().unzip();
+        let prepared = client.prepare_cached(sql::QUEUE_ACK_MANY).await?;
+        let row = client
+            .query_one(&prepared, &[&shared.queue, &ids, &tokens])
+            .await?;
+        Ok::<_, DbError>(Some(row.try_get(0)?))
+    };
+    let lease = async {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        calls::lease(client, &shared.queue, max as i32, shared.settings.lease).await
+    };
+    let (acked, leased) = tokio::join!(ack, lease);
+    Ok((acked?, leased?))
+}
+
+fn count_acks(shared: &Shared, acks: &[(i64, i64)], acked: i64) {
+    shared.release(acks.iter().map(|&(id, _)| id));
+    shared.counters.add(&WorkerStats {
+        acked: acked as u64,
+        lost: acks.len() as u64 - acked as u64,
+        ..WorkerStats::default()
+    });
 }
 
 async fn deliver<T: DeserializeOwned + Send + 'static>(
     shared: &Shared,
     handler: &dyn Handler<T>,
     job: Taken,
-    acks: &mpsc::UnboundedSender<(i64, i64)>,
-) {
+) -> Finished {
     let mut tally = WorkerStats::default();
     let outcome = match shared.decode::<T>(&job.payload) {
         Ok(payload) => {
@@ -96,10 +260,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     };
     if outcome == Outcome::Ack {
         shared.counters.add(&tally);
-        if acks.send((job.id, job.token)).is_err() {
-            tracing::warn!("the acker stopped; the job's lease will expire and it will run again");
-        }
-        return;
+        return Finished::Ack(job.id, job.token);
     }
     let settled = async {
         let client = shared.db.pool().get().await?;
@@ -115,32 +276,5 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     }
     shared.release([job.id]);
     shared.counters.add(&tally);
-}
-
-/// Acks finished jobs: whatever has accumulated while the previous batch was being acked goes
-/// in the next call, so a busy worker spends a fraction of a statement per job.
-async fn ack_batches(shared: Arc<Shared>, mut finished: mpsc::UnboundedReceiver<(i64, i64)>) {
-    let max = shared.settings.batch_size.max(1);
-    let mut batch = Vec::with_capacity(max);
-    while finished.recv_many(&mut batch, max).await > 0 {
-        let (ids, tokens): (Vec<i64>, Vec<i64>) = batch.drain(..).unzip();
-        let acked = async {
-            let client = shared.db.pool().get().await?;
-            calls::ack_many(&client, &shared.queue, &ids, &tokens).await
-        }
-        .await;
-        let tally = match acked {
-            Ok(acked) => WorkerStats {
-                acked: acked as u64,
-                lost: ids.len() as u64 - acked as u64,
-                ..WorkerStats::default()
-            },
-            Err(error) => {
-                tracing::warn!(%error, jobs = ids.len(), "cannot ack; the leases will expire and the jobs run again");
-                WorkerStats::default()
-            }
-        };
-        shared.release(ids);
-        shared.counters.add(&tally);
-    }
+    Finished::Settled
 }

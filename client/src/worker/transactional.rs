@@ -1,17 +1,45 @@
-//! Transactional mode: each delivery runs on its group's transaction, inside a savepoint, and
-//! its writes commit with its settlement.
+//! Transactional mode: a slot takes a group of jobs (what is ready, up to the group size), runs
+//! their deliveries one after another in one transaction, without savepoints, and settles the
+//! whole group in the round trip that commits it and takes the next group.
+//!
+//! A delivery that fails (an error, a panic, or an outcome other than ack) cannot be undone alone
+//! without a savepoint, so the group's transaction is rolled back and replayed without it: the
+//! jobs still held are fenced again in the new transaction (`inbox_fence`), the failed job is
+//! settled there, and the deliveries before it run again. After [`MAX_REPLAYS`] replays in one
+//! group, or once the group has run for its time bound, the slot commits what is done and goes on
+//! with the rest in a new transaction, so a group costs at most a bounded number of runs per job.
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use deadpool_postgres::Object;
 use serde::de::DeserializeOwned;
+use tokio_postgres::Statement;
 use tracing::Instrument;
 
 use super::calls::{self, Taken};
-use super::{run_handler, Claim, Job, Outcome, Shared, TxHandler, WorkerStats};
+use super::{
+    catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, TxHandler, WorkerStats,
+};
 use crate::error::{DbError, ErrorKind};
 use crate::sql;
 use crate::tx::PgTransaction;
+
+type Param = dyn tokio_postgres::types::ToSql + Sync;
+
+/// Replays of one group after which every delivery commits on its own.
+const MAX_REPLAYS: usize = 3;
+
+/// `25P02 in_failed_sql_transaction`: a statement sent in a transaction that an error aborted.
+const IN_FAILED_TRANSACTION: &str = "25P02";
+
+/// How many slots a worker runs: one per delivery of `workers`, but each holds a pooled
+/// connection for good, and one connection of the pool stays free for the heartbeat.
+pub(super) fn slots(shared: &Shared) -> usize {
+    let pool = shared.db.pool().status().max_size;
+    shared.settings.workers.min(pool.saturating_sub(1)).max(1)
+}
 
 /// One delivery slot: takes a group of jobs, runs them one after another on one connection, and
 /// commits the group; until the worker stops.
@@ -20,7 +48,10 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
     handler: Arc<dyn TxHandler<T>>,
 ) {
     let mut connection: Option<SlotConnection> = None;
-    while !shared.stop.is_cancelled() {
+    let mut size = GroupSize::new(&shared.settings);
+    // Jobs taken for the next group, held by a committed lease or by the open transaction's locks.
+    let mut next: Vec<Taken> = Vec::new();
+    while !(next.is_empty() && shared.stop.is_cancelled()) {
         let mut conn = match connection.take() {
             Some(conn) => conn,
             None => match open(&shared).await {
@@ -31,30 +62,71 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
                 }
             },
         };
-        match run_group(&shared, &handler, &mut conn).await {
-            Ok(found) => {
+        let jobs = if next.is_empty() {
+            match take_first(&shared, &mut conn, size.current).await {
+                Ok(jobs) if jobs.is_empty() => {
+                    connection = Some(conn);
+                    shared.idle().await;
+                    continue;
+                }
+                Ok(jobs) => jobs,
+                Err(error) => {
+                    connection = recover_connection(conn, &error).await;
+                    shared.back_off(&error).await;
+                    continue;
+                }
+            }
+        } else {
+            std::mem::take(&mut next)
+        };
+        let held: Vec<(i64, i64)> = jobs.iter().map(|job| (job.id, job.token)).collect();
+        let full = jobs.len() >= size.current;
+        match run_group(&shared, &handler, &mut conn, jobs, &mut size).await {
+            Ok(taken) => {
+                next = taken;
                 connection = Some(conn);
-                if found {
+                if full {
                     // There may be more: let another idle slot look too.
                     shared.wake.notify_one();
-                } else {
-                    shared.idle().await;
                 }
             }
             Err(error) => {
-                // A failed group's transaction is rolled back; a connection in doubt is not
-                // reused (dropped in a transaction, it is closed), and the pool replaces it.
-                let rolled_back = !conn.in_transaction
-                    || (error.kind() != ErrorKind::ConnectionLost
-                        && conn.client().batch_execute(sql::ROLLBACK).await.is_ok());
-                if rolled_back {
-                    conn.in_transaction = false;
-                    connection = Some(conn);
+                // The group's leases expire (or its locks went with the transaction): nothing
+                // of it is held any more by this slot, and no failure of it was settled (a
+                // lock's delivery runs again with its attempt uncounted, as after a crash).
+                for &(id, token) in &held {
+                    shared.forget_lock_failure(id, token);
                 }
+                shared.release(held.into_iter().map(|(id, _)| id));
+                connection = recover_connection(conn, &error).await;
                 shared.back_off(&error).await;
             }
         }
     }
+    if let Some(mut conn) = connection {
+        if conn.in_transaction && conn.client().batch_execute(sql::ROLLBACK).await.is_ok() {
+            conn.in_transaction = false;
+        }
+    }
+}
+
+/// After an error, the connection rolled back for reuse, or `None` when it is in doubt (dropped
+/// in a transaction, it is closed, and the pool replaces it).
+async fn recover_connection(mut conn: SlotConnection, error: &DbError) -> Option<SlotConnection> {
+    let rolled_back = !conn.in_transaction
+        || (error.kind() != ErrorKind::ConnectionLost
+            && conn.client().batch_execute(sql::ROLLBACK).await.is_ok());
+    rolled_back.then(|| {
+        conn.in_transaction = false;
+        conn
+    })
+}
+
+/// The statements a slot pipelines, prepared once on its connection.
+struct Prepared {
+    take: Statement,
+    ack_all: Statement,
+    fence: Statement,
 }
 
 /// A pooled connection, held by this slot, with the delivery timeouts set on its session.
@@ -67,66 +139,562 @@ async fn open(shared: &Shared) -> Result<SlotConnection, DbError> {
             settings.idle_in_transaction_timeout.as_millis(),
         ))
         .await?;
+    let take = match settings.claim {
+        Claim::Lease => sql::QUEUE_LEASE,
+        Claim::Lock => sql::QUEUE_LOCK,
+    };
+    let prepared = Prepared {
+        take: client.prepare_cached(take).await?,
+        ack_all: client.prepare_cached(sql::QUEUE_ACK_ALL).await?,
+        fence: client.prepare_cached(sql::QUEUE_FENCE).await?,
+    };
     Ok(SlotConnection {
         client: Some(client),
+        prepared,
         in_transaction: false,
     })
 }
 
-/// Takes and runs one group; `Ok(false)` when there was nothing to take.
-///
-/// The transaction is driven with plain `BEGIN`/`SAVEPOINT`/`COMMIT` statements so that they can
-/// share round trips: a lock is taken in the round trip of its `BEGIN`, and a single leased
-/// delivery needs no savepoint at all (a failure rolls the whole transaction back and settles the
-/// job after it: the lease keeps other workers away meanwhile).
+/// Takes what is ready, up to a group, and opens the group's transaction in the same round trip
+/// (a lease commits first, on its own; a lock is taken inside the transaction).
+async fn take_first(
+    shared: &Shared,
+    conn: &mut SlotConnection,
+    max: usize,
+) -> Result<Vec<Taken>, DbError> {
+    conn.in_transaction = true;
+    let (begun, jobs) = match shared.settings.claim {
+        Claim::Lease => {
+            let (jobs, begun) = tokio::join!(
+                take_query(shared, conn, max),
+                conn.client().batch_execute(sql::BEGIN)
+            );
+            (begun, jobs)
+        }
+        Claim::Lock => tokio::join!(
+            conn.client().batch_execute(sql::BEGIN),
+            take_query(shared, conn, max)
+        ),
+    };
+    begun?;
+    let jobs = jobs?;
+    if jobs.is_empty() {
+        conn.client().batch_execute(sql::ROLLBACK).await?;
+        conn.in_transaction = false;
+    }
+    Ok(jobs)
+}
+
+/// The take statement (lease or lock) for up to a group of jobs; the jobs are recorded as held.
+async fn take_query(
+    shared: &Shared,
+    conn: &SlotConnection,
+    max: usize,
+) -> Result<Vec<Taken>, DbError> {
+    let max = max as i32;
+    let client = conn.client();
+    let rows = match shared.settings.claim {
+        Claim::Lease => {
+            let lease = calls::interval(shared.settings.lease);
+            client
+                .query(&conn.prepared.take, &[&shared.queue, &max, &lease])
+                .await?
+        }
+        Claim::Lock => {
+            client
+                .query(&conn.prepared.take, &[&shared.queue, &max])
+                .await?
+        }
+    };
+    let jobs = calls::read_taken(rows)?;
+    shared.hold(
+        jobs.iter()
+            .filter(|job| job.token > 0)
+            .map(|job| (job.id, job.token)),
+    );
+    Ok(jobs)
+}
+
+/// A delivery that was not acked, to be settled in the group's transaction.
+struct Failure {
+    job: Taken,
+    outcome: Outcome,
+    /// Whether the handler failed (an error or a panic), for the counts.
+    failed: bool,
+    /// What its settlement counted, the last time it was applied.
+    tally: WorkerStats,
+}
+
+/// How a delivery ended.
+enum Delivered {
+    Ack,
+    /// The transaction was already aborted when the handler ran: not this delivery's failure.
+    Poisoned,
+    /// Not acked; `wrote` when the handler ran (its writes must be undone).
+    Failed {
+        outcome: Outcome,
+        failed: bool,
+        wrote: bool,
+    },
+}
+
+/// One group in its transaction: the jobs still to run, those run and awaiting the commit, and
+/// the failed ones settled in the transaction.
+struct Group {
+    pending: VecDeque<Taken>,
+    done: Vec<Taken>,
+    failures: Vec<Failure>,
+    replays: usize,
+    /// When the group's current transaction began (the time bound runs from there).
+    started: Instant,
+    /// Deliveries run, replays included, and when the group began: how long one takes.
+    runs: usize,
+    began: Instant,
+    /// Settlements or commits that failed, and how many the group may have: one per job it
+    /// began with, and a few.
+    recoveries: usize,
+    most_recoveries: usize,
+}
+
+/// How many jobs a slot takes for its next group.
+struct GroupSize {
+    current: usize,
+    max: usize,
+    adaptive: bool,
+}
+
+impl GroupSize {
+    fn new(settings: &super::Settings) -> Self {
+        match settings.group_size {
+            Some(n) => Self {
+                current: n,
+                max: n,
+                adaptive: false,
+            },
+            None => Self {
+                current: 1,
+                max: super::ADAPTIVE_GROUP_MAX,
+                adaptive: true,
+            },
+        }
+    }
+
+    /// After a group of `runs` deliveries that took `elapsed`: twice the size, at most what fits
+    /// in `bound` at that pace, between 1 and the maximum.
+    fn update(&mut self, runs: usize, elapsed: std::time::Duration, bound: std::time::Duration) {
+        if !self.adaptive || runs == 0 {
+            return;
+        }
+        let per_run = elapsed.as_nanos() / runs as u128;
+        let fits = bound.as_nanos().checked_div(per_run).unwrap_or(u128::MAX);
+        let fits = usize::try_from(fits).unwrap_or(usize::MAX);
+        self.current = (self.current * 2).min(fits).clamp(1, self.max);
+    }
+}
+
+/// Runs a group whose transaction is open, and commits it; returns the jobs taken for the next
+/// group in the commit's round trip (their transaction open), if any.
 async fn run_group<T: DeserializeOwned + Send + 'static>(
     shared: &Shared,
     handler: &Arc<dyn TxHandler<T>>,
     conn: &mut SlotConnection,
-) -> Result<bool, DbError> {
-    let group = shared.settings.group_size as i32;
-    let queue = shared.queue.as_str();
-    match shared.settings.claim {
-        Claim::Lease => {
-            let jobs = calls::lease(conn.client(), queue, group, shared.settings.lease).await?;
-            if jobs.is_empty() {
-                return Ok(false);
-            }
-            let ids: Vec<i64> = jobs.iter().map(|job| job.id).collect();
-            shared.hold(jobs.iter().map(|job| (job.id, job.token)));
-            let savepoints = jobs.len() > 1;
-            let result = async {
-                let mut tx = Tx::begin(conn, savepoints).await?;
-                tx.run(shared, handler, jobs).await
-            }
-            .await;
-            shared.release(ids);
-            result.map(|()| true)
+    jobs: Vec<Taken>,
+    size: &mut GroupSize,
+) -> Result<Vec<Taken>, DbError> {
+    let mut group = Group {
+        runs: 0,
+        began: Instant::now(),
+        recoveries: 0,
+        most_recoveries: jobs.len() + MAX_REPLAYS + 1,
+        pending: VecDeque::with_capacity(jobs.len()),
+        done: Vec::with_capacity(jobs.len()),
+        failures: Vec::new(),
+        replays: 0,
+        started: Instant::now(),
+    };
+    for job in jobs {
+        // A locked job whose delivery here failed, taken again by this slot in the moment
+        // between that delivery's rollback and its settlement: settled as it failed, not run.
+        match shared.lock_failure(&job) {
+            Some(failure) => group.failures.push(Failure {
+                job,
+                outcome: failure.outcome,
+                failed: failure.failed,
+                tally: WorkerStats::default(),
+            }),
+            None => group.pending.push_back(job),
         }
-        Claim::Lock => {
-            // The lock needs the transaction: BEGIN goes first in the same round trip.
-            conn.in_transaction = true;
-            let client = conn.client();
-            let (begun, jobs) = tokio::join!(
-                client.batch_execute(sql::BEGIN),
-                calls::lock(client, queue, group)
-            );
-            // On an error here the slot rolls the open transaction back (or drops the connection).
-            begun?;
-            let jobs = jobs?;
-            // Each delivery runs in a savepoint even alone: a failure must be undone without
-            // giving up the lock, or another slot could take the job before it is settled.
-            let mut tx = Tx {
-                conn,
-                savepoints: true,
-                savepoint_open: false,
+    }
+    if !group.failures.is_empty() {
+        group.settle_failures(shared, conn).await?;
+    }
+    loop {
+        while let Some(job) = group.pending.pop_front() {
+            let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
+            group.runs += 1;
+            match deliver(shared, handler, conn, &job).instrument(span).await {
+                Delivered::Ack => group.done.push(job),
+                Delivered::Poisoned => {
+                    // Find the delivery that left the transaction aborted: from now on each
+                    // commits on its own, and the one whose commit fails is retried.
+                    group.pending.push_front(job);
+                    group.one_by_one();
+                    group.replay(shared, conn, None).await?;
+                }
+                Delivered::Failed {
+                    outcome,
+                    failed,
+                    wrote,
+                } => {
+                    let failure = Failure {
+                        job,
+                        outcome,
+                        failed,
+                        tally: WorkerStats::default(),
+                    };
+                    if wrote {
+                        if failure.job.token < 0 {
+                            shared.remember_lock_failure(&failure.job, &failure.outcome, failed);
+                        }
+                        group.replay(shared, conn, Some(failure)).await?;
+                    } else {
+                        group.failures.push(failure);
+                        let last = group.failures.len() - 1;
+                        group.settle(shared, conn, last).await?;
+                    }
+                }
+            }
+            let overdue = group.replays > MAX_REPLAYS
+                || group.started.elapsed() >= shared.settings.group_time;
+            if overdue && !group.done.is_empty() && !group.pending.is_empty() {
+                group.checkpoint(shared, conn).await?;
+            }
+        }
+        if let Some(next) = group.finish(shared, conn, size).await? {
+            return Ok(next);
+        }
+    }
+}
+
+/// Runs one delivery's handler on the group's transaction.
+async fn deliver<T: DeserializeOwned + Send + 'static>(
+    shared: &Shared,
+    handler: &Arc<dyn TxHandler<T>>,
+    conn: &SlotConnection,
+    job: &Taken,
+) -> Delivered {
+    let payload = match shared.decode::<T>(&job.payload) {
+        Ok(payload) => payload,
+        Err(reason) => {
+            tracing::warn!(%reason, "dead-lettering a payload that does not decode");
+            return Delivered::Failed {
+                outcome: Outcome::Dead { reason },
+                failed: false,
+                wrote: false,
             };
-            if jobs.is_empty() {
-                tx.end(sql::ROLLBACK).await?;
-                return Ok(false);
-            }
-            tx.run(shared, handler, jobs).await.map(|()| true)
         }
+    };
+    let port = PgTransaction::in_transaction(conn.client());
+    let result = catch_handler(handler.handle(
+        Job {
+            id: job.id,
+            attempt: job.attempt,
+            payload,
+        },
+        &port,
+    ))
+    .await;
+    // A handler that finds the transaction already aborted was poisoned by an earlier delivery
+    // of the group that ignored a failed statement and acked.
+    if let Ok(Err(error)) = &result {
+        let aborted = error
+            .downcast_ref::<DbError>()
+            .and_then(DbError::sqlstate)
+            .is_some_and(|code| code == IN_FAILED_TRANSACTION);
+        if aborted {
+            return Delivered::Poisoned;
+        }
+    }
+    let (outcome, failed) = outcome_of(result);
+    match outcome {
+        Outcome::Ack => Delivered::Ack,
+        outcome => Delivered::Failed {
+            outcome,
+            failed,
+            wrote: true,
+        },
+    }
+}
+
+/// The ids and tokens of `jobs`, as the array arguments of the extension's calls.
+fn fences<'a>(jobs: impl Iterator<Item = &'a Taken>) -> (Vec<i64>, Vec<i64>) {
+    jobs.map(|job| (job.id, job.token)).unzip()
+}
+
+impl Group {
+    /// Rolls the transaction back (undoing every delivery of it), opens a new one and fences in
+    /// it the jobs still held; `failure`, if it is still held, is settled there with the earlier
+    /// failures, and the deliveries done so far are run again.
+    async fn replay(
+        &mut self,
+        shared: &Shared,
+        conn: &mut SlotConnection,
+        failure: Option<Failure>,
+    ) -> Result<(), DbError> {
+        self.replays += 1;
+        let mut again: Vec<Taken> = self.done.drain(..).collect();
+        again.extend(self.pending.drain(..));
+        let (ids, tokens) = fences(
+            again
+                .iter()
+                .chain(failure.iter().map(|f| &f.job))
+                .chain(self.failures.iter().map(|f| &f.job)),
+        );
+        let client = conn.client();
+        let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
+        let (restarted, fenced) = tokio::join!(
+            client.batch_execute(sql::ROLLBACK_BEGIN),
+            client.query(&conn.prepared.fence, &params)
+        );
+        restarted?;
+        let held: HashSet<i64> = fenced?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let mut lost = WorkerStats::default();
+        let mut keep = |job: &Taken| {
+            let kept = held.contains(&job.id);
+            if !kept && job.token > 0 {
+                // Another worker took the job since its lease here ended.
+                tracing::warn!(queue = %shared.queue, id = job.id, "the lease was lost to another worker; the handler's writes are rolled back");
+                shared.release([job.id]);
+                lost.lost += 1;
+            }
+            // A lock released by the rollback and taken by another slot is that slot's now
+            // (and a failed one is settled there, as it failed here).
+            kept
+        };
+        self.pending = again.into_iter().filter(|job| keep(job)).collect();
+        self.failures.retain(|f| keep(&f.job));
+        if let Some(failure) = failure.filter(|f| keep(&f.job)) {
+            self.failures.push(failure);
+        }
+        shared.counters.add(&lost);
+        self.settle_failures(shared, conn).await
+    }
+
+    /// Settles every failure in the (new) transaction.
+    async fn settle_failures(
+        &mut self,
+        shared: &Shared,
+        conn: &SlotConnection,
+    ) -> Result<(), DbError> {
+        for index in 0..self.failures.len() {
+            self.settle(shared, conn, index).await?;
+        }
+        Ok(())
+    }
+
+    /// Settles failure `index` (retry or dead-letter) in the transaction.
+    async fn settle(
+        &mut self,
+        shared: &Shared,
+        conn: &SlotConnection,
+        index: usize,
+    ) -> Result<(), DbError> {
+        let failure = &mut self.failures[index];
+        let mut tally = WorkerStats::default();
+        let applied = super::settle_failure(
+            shared,
+            conn.client(),
+            &failure.job,
+            failure.outcome.clone(),
+            &mut tally,
+        )
+        .await?;
+        tally.lost += u64::from(!applied);
+        tally.failed += u64::from(failure.failed);
+        failure.tally = tally;
+        Ok(())
+    }
+
+    /// Commits the deliveries done and the failures settled so far, and goes on with the rest of
+    /// the group in a new transaction (fenced again: a lock does not outlive its transaction).
+    async fn checkpoint(
+        &mut self,
+        shared: &Shared,
+        conn: &mut SlotConnection,
+    ) -> Result<(), DbError> {
+        let (ids, tokens) = fences(self.done.iter());
+        let (rest_ids, rest_tokens) = fences(self.pending.iter());
+        let prepared = &conn.prepared;
+        let client = conn.client();
+        let done: [&Param; 3] = [&shared.queue, &ids, &tokens];
+        let rest: [&Param; 3] = [&shared.queue, &rest_ids, &rest_tokens];
+        let (acked, committed, fenced) = tokio::join!(
+            client.query_one(&prepared.ack_all, &done),
+            client.batch_execute(sql::COMMIT_BEGIN),
+            client.query(&prepared.fence, &rest)
+        );
+        if let Err(error) = acked
+            .map_err(DbError::from)
+            .and(committed.map_err(DbError::from))
+        {
+            return self.recover(shared, conn, error).await;
+        }
+        self.committed(shared);
+        let held: HashSet<i64> = fenced?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        let mut lost = WorkerStats::default();
+        self.pending.retain(|job| {
+            let kept = held.contains(&job.id);
+            if !kept && job.token > 0 {
+                shared.release([job.id]);
+                lost.lost += 1;
+            }
+            kept
+        });
+        shared.counters.add(&lost);
+        self.started = Instant::now();
+        Ok(())
+    }
+
+    /// Commits the group, taking the next one in the same round trip (unless the worker is
+    /// stopping); `None` when the group must run again first (its settlement failed).
+    async fn finish(
+        &mut self,
+        shared: &Shared,
+        conn: &mut SlotConnection,
+        size: &mut GroupSize,
+    ) -> Result<Option<Vec<Taken>>, DbError> {
+        size.update(self.runs, self.began.elapsed(), shared.settings.group_time);
+        let (ids, tokens) = fences(self.done.iter());
+        let stopping = shared.stop.is_cancelled();
+        let client = conn.client();
+        let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
+        let ack = client.query_one(&conn.prepared.ack_all, &params);
+        let (settled, next) = if stopping {
+            let (acked, committed) = tokio::join!(ack, client.batch_execute(sql::COMMIT));
+            (
+                acked
+                    .map_err(DbError::from)
+                    .and(committed.map_err(DbError::from)),
+                Ok(Vec::new()),
+            )
+        } else {
+            match shared.settings.claim {
+                // The next lease commits with this group.
+                Claim::Lease => {
+                    let (acked, next, committed) = tokio::join!(
+                        ack,
+                        take_query(shared, conn, size.current),
+                        client.batch_execute(sql::COMMIT_BEGIN)
+                    );
+                    // An error of the ack comes first: it aborted the transaction, and with it the
+                    // lease and the commit.
+                    match (acked.map_err(DbError::from), next) {
+                        (Ok(_), Ok(next)) => (committed.map_err(DbError::from).map(drop), Ok(next)),
+                        (Err(error), _) | (Ok(_), Err(error)) => (Err(error), Ok(Vec::new())),
+                    }
+                }
+                // The next lock is taken in the next group's transaction.
+                Claim::Lock => {
+                    let (acked, committed, next) = tokio::join!(
+                        ack,
+                        client.batch_execute(sql::COMMIT_BEGIN),
+                        take_query(shared, conn, size.current)
+                    );
+                    (
+                        acked
+                            .map_err(DbError::from)
+                            .and(committed.map_err(DbError::from)),
+                        next,
+                    )
+                }
+            }
+        };
+        if let Err(error) = settled {
+            // Nothing was committed: a lease taken in the same transaction was rolled back too.
+            return self.recover(shared, conn, error).await.map(|()| None);
+        }
+        self.committed(shared);
+        if stopping {
+            conn.in_transaction = false;
+        }
+        let next = next?;
+        if next.is_empty() && conn.in_transaction {
+            conn.client().batch_execute(sql::ROLLBACK).await?;
+            conn.in_transaction = false;
+        }
+        Ok(Some(next))
+    }
+
+    /// From now on every delivery of the group commits on its own.
+    fn one_by_one(&mut self) {
+        self.replays = self.replays.max(MAX_REPLAYS + 1);
+    }
+
+    /// Counts what the commit that just succeeded applied.
+    fn committed(&mut self, shared: &Shared) {
+        let mut tally = WorkerStats {
+            acked: self.done.len() as u64,
+            ..WorkerStats::default()
+        };
+        let mut settled: Vec<i64> = self.done.drain(..).map(|job| job.id).collect();
+        for failure in self.failures.drain(..) {
+            tally.retried += failure.tally.retried;
+            tally.dead += failure.tally.dead;
+            tally.failed += failure.tally.failed;
+            tally.lost += failure.tally.lost;
+            if failure.job.token < 0 {
+                shared.forget_lock_failure(failure.job.id, failure.job.token);
+            }
+            settled.push(failure.job.id);
+        }
+        shared.release(settled);
+        shared.counters.add(&tally);
+    }
+
+    /// After a settlement or a commit failed (the transaction is rolled back): a group whose
+    /// jobs are no longer all held (`55000`) runs again without the lost ones; any other error
+    /// is pinned on the single delivery of a group committed one by one (its handler left the
+    /// transaction unusable, say), or else makes every delivery of the group commit on its own
+    /// from now on, to find it.
+    async fn recover(
+        &mut self,
+        shared: &Shared,
+        conn: &mut SlotConnection,
+        error: DbError,
+    ) -> Result<(), DbError> {
+        self.recoveries += 1;
+        if error.kind() == ErrorKind::ConnectionLost || self.recoveries > self.most_recoveries {
+            // Lost, or failing again and again without a delivery to blame: the slot gives the
+            // group up (its leases expire, its locks went with the transaction).
+            return Err(error);
+        }
+        if error.sqlstate() == Some("55000") {
+            return self.replay(shared, conn, None).await;
+        }
+        if self.replays > MAX_REPLAYS && self.done.len() == 1 {
+            let job = self.done.pop().expect("one delivery");
+            let failure = Failure {
+                job,
+                outcome: Outcome::Retry {
+                    after: None,
+                    reason: Some(error.to_string()),
+                },
+                failed: false,
+                tally: WorkerStats::default(),
+            };
+            if failure.job.token < 0 {
+                shared.remember_lock_failure(&failure.job, &failure.outcome, false);
+            }
+            return self.replay(shared, conn, Some(failure)).await;
+        }
+        self.one_by_one();
+        self.replay(shared, conn, None).await
     }
 }
 
@@ -135,6 +703,7 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
 /// the transaction; the server then rolls the transaction back.
 struct SlotConnection {
     client: Option<Object>,
+    prepared: Prepared,
     in_transaction: bool,
 }
 
@@ -164,149 +733,13 @@ impl Drop for SlotConnection {
     }
 }
 
-/// A transaction begun on a slot's connection.
-struct Tx<'c> {
-    conn: &'c mut SlotConnection,
-    /// Whether each delivery runs in a savepoint (several deliveries, or a lock to keep).
-    savepoints: bool,
-    savepoint_open: bool,
-}
-
-impl<'c> Tx<'c> {
-    async fn begin(conn: &'c mut SlotConnection, savepoints: bool) -> Result<Tx<'c>, DbError> {
-        conn.in_transaction = true;
-        conn.client().batch_execute(sql::BEGIN).await?;
-        Ok(Tx {
-            conn,
-            savepoints,
-            savepoint_open: false,
-        })
-    }
-
-    async fn end(&mut self, statement: &str) -> Result<(), DbError> {
-        self.conn.client().batch_execute(statement).await?;
-        self.conn.in_transaction = false;
-        Ok(())
-    }
-
-    /// Delivers each job, then commits; the counts are added only once the commit succeeded.
-    async fn run<T: DeserializeOwned + Send + 'static>(
-        &mut self,
-        shared: &Shared,
-        handler: &Arc<dyn TxHandler<T>>,
-        jobs: Vec<Taken>,
-    ) -> Result<(), DbError> {
-        let mut tally = WorkerStats::default();
-        for job in jobs {
-            let span = tracing::info_span!("delivery", queue = %shared.queue, id = job.id, attempt = job.attempt);
-            self.deliver(shared, handler, job, &mut tally)
-                .instrument(span)
-                .await?;
+/// A delivery of a locked job that failed, remembered until its settlement commits.
+impl LockFailure {
+    pub(super) fn new(token: i64, outcome: &Outcome, failed: bool) -> Self {
+        Self {
+            token,
+            outcome: outcome.clone(),
+            failed,
         }
-        // A single leased delivery that failed was rolled back and settled on its own already.
-        if self.conn.in_transaction {
-            self.end(sql::COMMIT).await?;
-        }
-        shared.counters.add(&tally);
-        Ok(())
-    }
-
-    /// Opens the delivery's savepoint, releasing the previous delivery's (kept) one in the same
-    /// round trip.
-    async fn savepoint(&mut self) -> Result<(), DbError> {
-        let statement = if self.savepoint_open {
-            sql::NEXT_SAVEPOINT
-        } else {
-            sql::SAVEPOINT
-        };
-        self.conn.client().batch_execute(statement).await?;
-        self.savepoint_open = true;
-        Ok(())
-    }
-
-    /// Undoes the delivery's writes: back to its savepoint, or the whole transaction when it has
-    /// none (its settlement then runs on its own, after it).
-    async fn undo(&mut self) -> Result<(), DbError> {
-        if self.savepoints {
-            self.conn
-                .client()
-                .batch_execute(sql::ROLLBACK_TO_SAVEPOINT)
-                .await?;
-            Ok(())
-        } else {
-            self.end(sql::ROLLBACK).await
-        }
-    }
-
-    async fn deliver<T: DeserializeOwned + Send + 'static>(
-        &mut self,
-        shared: &Shared,
-        handler: &Arc<dyn TxHandler<T>>,
-        job: Taken,
-        tally: &mut WorkerStats,
-    ) -> Result<(), DbError> {
-        let payload = match shared.decode::<T>(&job.payload) {
-            Ok(payload) => payload,
-            Err(reason) => {
-                tracing::warn!(%reason, "dead-lettering a payload that does not decode");
-                return self
-                    .settle(shared, &job, Outcome::Dead { reason }, tally)
-                    .await;
-            }
-        };
-        if self.savepoints {
-            self.savepoint().await?;
-        }
-        let (outcome, failed) = {
-            let port = PgTransaction::in_transaction(self.conn.client());
-            run_handler(handler.handle(
-                Job {
-                    id: job.id,
-                    attempt: job.attempt,
-                    payload,
-                },
-                &port,
-            ))
-            .await
-        };
-        tally.failed += u64::from(failed);
-        let outcome = if outcome == Outcome::Ack {
-            match calls::ack(self.conn.client(), &shared.queue, job.id, job.token).await {
-                Ok(true) => {
-                    tally.acked += 1;
-                    return Ok(());
-                }
-                Ok(false) => {
-                    self.undo().await?;
-                    tracing::warn!("the lease was lost to another worker; the handler's writes are rolled back");
-                    tally.lost += 1;
-                    return Ok(());
-                }
-                // The handler left its transaction unusable (a failed statement it ignored).
-                Err(error) => Outcome::Retry {
-                    after: None,
-                    reason: Some(error.to_string()),
-                },
-            }
-        } else {
-            outcome
-        };
-        self.undo().await?;
-        self.settle(shared, &job, outcome, tally).await
-    }
-
-    /// Settles a job that was not acked: in the transaction, or on its own once the transaction
-    /// was rolled back.
-    async fn settle(
-        &mut self,
-        shared: &Shared,
-        job: &Taken,
-        outcome: Outcome,
-        tally: &mut WorkerStats,
-    ) -> Result<(), DbError> {
-        let applied =
-            super::settle_failure(shared, self.conn.client(), job, outcome, tally).await?;
-        tally.lost += u64::from(!applied);
-        Ok(())
     }
 }

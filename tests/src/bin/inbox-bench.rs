@@ -6,12 +6,15 @@
 //! inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] [--rounds N] [--duration-ms N] [--docs]
 //! inbox-bench chart [JSON] [SVG]         draw the chart of a results file again
 //! inbox-bench child-worker inbox|raw S   (figure 7's child process)
+//! inbox-bench child-burndown FORM SIDE N (figure 8's child process)
 //! ```
 //!
 //! Every figure runs both sides for the same window, interleaved over a few rounds (the median
 //! of each side is kept), so the ratio holds on a noisy machine. Results go to the terminal and
 //! to `target/bench/latest.{json,md,svg}`; `--docs` also writes the chart to `docs/bench.svg`.
 
+#[path = "bench/burndown.rs"]
+mod burndown;
 #[path = "bench/figures.rs"]
 mod figures;
 #[path = "bench/groups.rs"]
@@ -33,7 +36,8 @@ use setup::{Ctx, Opts, Result, Side};
 const USAGE: &str = "usage: inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] \
                      [--rounds N] [--duration-ms N] [--docs]\n       \
                      inbox-bench chart [JSON] [SVG]\n       \
-                     inbox-bench child-worker inbox|raw SECONDS";
+                     inbox-bench child-worker inbox|raw SECONDS\n       \
+                     inbox-bench child-burndown default|groupN|plain inbox|raw JOBS";
 
 /// The workspace's root (the results go under its `target/`, the chart to its `docs/`).
 fn root() -> PathBuf {
@@ -120,7 +124,8 @@ async fn run(args: &[String]) -> Result<()> {
             5 => figures::latency(&ctx).await?,
             6 => figures::bloat(&ctx).await?,
             7 => figures::memory(&ctx).await?,
-            8 => groups::groups(&ctx).await?,
+            8 => burndown::burndown(&ctx).await?,
+            9 => groups::groups(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));
@@ -175,6 +180,11 @@ async fn main() {
     let result = match args.first().map(String::as_str) {
         Some("chart") => chart(&args[1..]),
         Some("child-worker") => child(&args[1..]).await,
+        Some("child-burndown") => match database_url().and_then(|url| Ctx::new(&url, Opts::full()))
+        {
+            Ok(ctx) => burndown::child(&ctx, &args[1..]).await,
+            Err(error) => Err(error),
+        },
         Some("-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

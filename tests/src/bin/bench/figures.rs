@@ -20,7 +20,7 @@ use super::setup::*;
 #[derive(Deserialize)]
 pub struct Payload {
     #[serde(default)]
-    n: i64,
+    pub n: i64,
     #[serde(default)]
     t: Option<u64>,
 }

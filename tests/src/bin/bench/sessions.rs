@@ -318,10 +318,10 @@ impl Session {
                 Ok(1)
             }
             Step::DeleteOne => Ok(client.query_opt(&s[0], &[]).await?.map_or(0, |_| 1)),
-            Step::WorkerLoop { lock, group } => {
+            Step::WorkerLoop { lock, .. } => {
                 // As a worker would: take (committed lease, or a lock in the transaction), then
-                // per job the handler's insert and the fenced delete, then one commit. A group
-                // of more than one job isolates each in a savepoint, as the worker does.
+                // per job the handler's insert and the fenced delete, then one commit (no
+                // savepoints: the worker replays a group without a failed job instead).
                 let leased = if lock {
                     Vec::new()
                 } else {
@@ -335,17 +335,11 @@ impl Session {
                 };
                 let jobs = rows.iter().map(taken).collect::<Result<Vec<_>>>()?;
                 for job in &jobs {
-                    if group > 1 {
-                        tx.batch_execute("SAVEPOINT job").await?;
-                    }
                     tx.execute(&s[2], &[&job.n]).await?;
                     if lock {
                         tx.execute(&s[1], &[&job.id]).await?;
                     } else {
                         tx.execute(&s[1], &[&job.id, &job.token]).await?;
-                    }
-                    if group > 1 {
-                        tx.batch_execute("RELEASE SAVEPOINT job").await?;
                     }
                 }
                 tx.commit().await?;
