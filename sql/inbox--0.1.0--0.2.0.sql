@@ -54,6 +54,16 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_ack_wrapper';
 
+CREATE OR REPLACE FUNCTION "inbox_ack_all"(
+	"queue" regclass, /* Option < RegClass > */
+	"ids" bigint[], /* Option < BigintArray > */
+	"tokens" bigint[] /* Option < BigintArray > */
+) RETURNS bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_ack_all_wrapper';
+
 CREATE OR REPLACE FUNCTION "inbox_ack_batch"(
 	"queue" regclass, /* Option < RegClass > */
 	"ids" bigint[], /* Option < BigintArray > */
@@ -204,6 +214,19 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_extend_wrapper';
+
+CREATE OR REPLACE FUNCTION "inbox_fence"(
+	"queue" regclass, /* Option < RegClass > */
+	"ids" bigint[], /* Option < BigintArray > */
+	"tokens" bigint[] /* Option < BigintArray > */
+) RETURNS SETOF bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_fence_wrapper';
+
+ALTER FUNCTION inbox_ack_all(regclass, bigint[], bigint[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION inbox_fence(regclass, bigint[], bigint[]) SET plan_cache_mode = force_generic_plan;
 
 CREATE OR REPLACE FUNCTION "inbox_jobs"(
 	"queue" regclass, /* Option < RegClass > */
