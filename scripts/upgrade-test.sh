@@ -52,7 +52,7 @@ pkglibdir="$("$PG_CONFIG" --pkglibdir)"
 sharedir="$("$PG_CONFIG" --sharedir)"
 [[ -f "$pkglibdir/inbox.so" ]] && mv -f "$pkglibdir/inbox.so" "$pkglibdir/inbox.so.retired"
 cp "$previous_target/debug/libinbox.so" "$pkglibdir/inbox.so"
-cp "sql/inbox--$PREVIOUS.sql" "$sharedir/extension/"
+cp "sql/inbox--$PREVIOUS.sql" "sql/inbox--$PREVIOUS--$current.sql" "$sharedir/extension/"
 
 banner "upgrade: a database of release $PREVIOUS"
 for db in inbox_upgraded inbox_fresh; do
