@@ -36,9 +36,10 @@ fn channel(queue: pg_sys::Oid) -> String {
     format!("inbox_{}", queue.to_u32())
 }
 
-/// Wakes the queue's idle workers once the caller commits, unless `inbox.notify` is off.
+/// Wakes the workers asleep on the queue once the caller commits, unless `inbox.notify` is off;
+/// sends nothing when none sleeps (see `wakeups`).
 fn notify(queue: pg_sys::Oid) {
-    if crate::NOTIFY.get() {
+    if crate::NOTIFY.get() && crate::wakeups::must_notify(queue) {
         // SAFETY: pg_notify takes two text arguments, both given and non-NULL.
         unsafe {
             pgrx::direct_function_call::<()>(

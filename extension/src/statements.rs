@@ -296,3 +296,47 @@ pub(crate) fn stats(queue: &QueueShape) -> Sql {
         args: vec![pg_sys::TIMESTAMPTZOID],
     }
 }
+
+/// `$1` now. Whether a job is due: what a worker about to sleep looks for (`wakeups`).
+pub(crate) fn due(queue: &QueueShape) -> Sql {
+    let due = if queue.nullable_locked_until {
+        "locked_until IS NULL OR locked_until <= $1"
+    } else {
+        "locked_until <= $1"
+    };
+    Sql {
+        text: format!("SELECT EXISTS (SELECT FROM {} WHERE {due})", queue.table),
+        args: vec![pg_sys::TIMESTAMPTZOID],
+    }
+}
+
+/// `$1` the database, `$2` the queue, `$3` the wake-up lock's `objsubid`: the sessions asleep
+/// on a queue (`wakeups`).
+pub(crate) fn sleepers() -> Sql {
+    Sql {
+        text: "SELECT pid FROM pg_catalog.pg_locks \
+                WHERE locktype = 'advisory' AND database = $1 AND classid = $2 AND objid = 0 \
+                  AND objsubid = $3 AND mode = 'ShareLock' AND granted ORDER BY pid"
+            .to_owned(),
+        args: vec![pg_sys::OIDOID, pg_sys::OIDOID, pg_sys::INT2OID],
+    }
+}
+
+/// `$1` the queue: its dead and live rows (statistics), whether a vacuum is working on it,
+/// whether the caller may vacuum it, and its quoted name (`upkeep`).
+pub(crate) fn vacuum_facts() -> Sql {
+    Sql {
+        text: "SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid), \
+                      pg_catalog.pg_stat_get_live_tuples(c.oid), \
+                      EXISTS (SELECT FROM pg_catalog.pg_stat_progress_vacuum v WHERE v.relid = c.oid), \
+                      pg_catalog.pg_has_role(c.relowner, 'USAGE') \
+                          OR pg_catalog.pg_has_role(d.datdba, 'USAGE'), \
+                      pg_catalog.format('%I.%I', n.nspname, c.relname) \
+                 FROM pg_catalog.pg_class c \
+                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                 JOIN pg_catalog.pg_database d ON d.datname = pg_catalog.current_database() \
+                WHERE c.oid = $1"
+            .to_owned(),
+        args: vec![pg_sys::OIDOID],
+    }
+}
