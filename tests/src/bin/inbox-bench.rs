@@ -22,6 +22,8 @@ mod report;
 mod sessions;
 #[path = "bench/setup.rs"]
 mod setup;
+#[path = "bench/upkeep.rs"]
+mod upkeep;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -118,6 +120,9 @@ async fn run(args: &[String]) -> Result<()> {
             5 => figures::latency(&ctx).await?,
             6 => figures::bloat(&ctx).await?,
             7 => figures::memory(&ctx).await?,
+            8 => upkeep::wakeups(&ctx).await?,
+            9 => upkeep::bloat(&ctx).await?,
+            10 => upkeep::held_snapshot(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));

@@ -18,6 +18,8 @@ pub enum Target {
     RatioAtLeast(f64),
     /// The project's value itself must be below this (in the row's unit).
     InboxBelow(f64),
+    /// The project's value itself must be at least this (in the row's unit).
+    InboxAtLeast(f64),
 }
 
 impl Target {
@@ -26,6 +28,7 @@ impl Target {
             Target::None => "-".to_owned(),
             Target::RatioAtLeast(min) => format!(">= {min}x"),
             Target::InboxBelow(max) => format!("< {max}"),
+            Target::InboxAtLeast(min) => format!(">= {min}"),
         }
     }
 }
@@ -70,6 +73,7 @@ impl Row {
             Target::None => None,
             Target::RatioAtLeast(min) => ratio.map(|r| r >= min),
             Target::InboxBelow(max) => inbox.map(|v| v < max),
+            Target::InboxAtLeast(min) => inbox.map(|v| v >= min),
         };
         Self {
             figure,
