@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod datum;
 mod error;
+mod head;
 pub mod ledger;
 mod names;
 mod plans;

@@ -260,12 +260,35 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
             (Op::Lock, |queue| statements::take(queue, false))
         };
         let plan = plans::queue_plan(client, queue, op, build);
-        let mut args = vec![max.into(), clock_now()];
-        args.extend(lease.map(DatumWithOid::from));
-        let taken = client
-            .update(&*plan, None, &args)
-            .unwrap_or_else(|e| internal(e))
-            .len();
+        // SAFETY: reads the clock.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let run = |client: &mut SpiClient<'_>, (due, id): crate::head::Floor| {
+            // SAFETY: timestamptz values are int64s passed by value.
+            let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
+            let mut args = vec![max.into(), timestamptz(now)];
+            args.extend(lease.map(DatumWithOid::from));
+            if !shape.nullable_locked_until {
+                args.extend([timestamptz(due), id.into()]);
+            }
+            client
+                .update(&*plan, None, &args)
+                .unwrap_or_else(|e| internal(e))
+                .len()
+        };
+        // Past the dead entries at the head of the index, unless that finds nothing (`head`).
+        let mut floor = crate::head::floor(queue, now);
+        let mut taken = run(client, floor);
+        if taken == 0 && floor != crate::head::WHOLE_QUEUE {
+            floor = crate::head::WHOLE_QUEUE;
+            taken = run(client, floor);
+        }
+        // SAFETY: reads the clock.
+        let took = unsafe { pg_sys::GetCurrentTimestamp() } - now;
+        // SAFETY: the statement returned `taken` rows of (int8 id, .., timestamptz due).
+        let first = (taken > 0)
+            .then(|| unsafe { (spi_result_datum(0, 4), spi_result_datum(0, 1)) })
+            .and_then(|(due, id)| Some((due?.value() as i64, id?.value() as i64)));
+        crate::head::found(queue, floor, first, now, took);
         (0..taken)
             .map(|row| {
                 // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload),

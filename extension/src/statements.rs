@@ -123,27 +123,40 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
     }
 }
 
-/// `$1` max, `$2` now, and for a lease `$3` its length. Both forms pick due jobs in order with
-/// SKIP LOCKED. A lease counts the attempt and hides the jobs until it ends; a lock only locks
-/// them (its settlement counts the attempt, see FENCE), so it costs what `SELECT ... FOR UPDATE`
-/// costs.
+/// `$1` max, `$2` now, and for a lease `$3` its length; then, where `locked_until` is NOT NULL,
+/// the floor the scan starts from (`head`: a due time and an id). Both forms pick due jobs in order with SKIP LOCKED,
+/// and return each job's due time last. A lease counts the attempt and hides the jobs until it
+/// ends; a lock only locks them (its settlement counts the attempt, see FENCE), so it costs what
+/// `SELECT ... FOR UPDATE` costs.
 pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
     let table = &queue.table;
+    let floor = if lease { "($4, $5)" } else { "($3, $4)" };
     let (due, nulls) = if queue.nullable_locked_until {
         (
-            "(locked_until IS NULL OR locked_until <= $2)",
+            "(locked_until IS NULL OR locked_until <= $2)".to_owned(),
             " NULLS FIRST",
         )
     } else {
-        ("locked_until <= $2", "")
+        (
+            format!("locked_until <= $2 AND (locked_until, id) >= {floor}"),
+            "",
+        )
+    };
+    let floor_args = if queue.nullable_locked_until {
+        vec![]
+    } else {
+        vec![pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID]
     };
     let pick = format!(
         "FROM {table} WHERE {due} ORDER BY locked_until{nulls}, id LIMIT $1 FOR UPDATE SKIP LOCKED"
     );
     if !lease {
         return Sql {
-            text: format!("SELECT id::int8, (attempt + 1)::int4, payload {pick}"),
-            args: vec![pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID],
+            text: format!("SELECT id::int8, (attempt + 1)::int4, payload, locked_until {pick}"),
+            args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID]
+                .into_iter()
+                .chain(floor_args)
+                .collect(),
         };
     }
     let leased_at = if queue.has_leased_at {
@@ -160,10 +173,13 @@ pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
                   WHERE q.id = ANY (ARRAY(SELECT id FROM next)) \
                  RETURNING q.id, q.attempt, q.payload \
              ) \
-             SELECT taken.id::int8, taken.attempt::int4, taken.payload \
+             SELECT taken.id::int8, taken.attempt::int4, taken.payload, next.due \
                FROM taken JOIN next ON next.id = taken.id ORDER BY next.due{nulls}, taken.id"
         ),
-        args: vec![pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID],
+        args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID]
+            .into_iter()
+            .chain(floor_args)
+            .collect(),
     }
 }
 
