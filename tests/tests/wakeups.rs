@@ -656,3 +656,56 @@ async fn worker_vacuums_its_queue() {
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Where a lease's scan starts
+// ------------------------------------------------------------------------------------------------
+
+async fn lease_one(client: &Client) -> Vec<String> {
+    client
+        .query("SELECT payload::text FROM inbox_lease('q', 1)", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get::<_, String>(0))
+        .collect()
+}
+
+/// A job that becomes takeable below where the session's scans start (its lock was rolled back,
+/// or it was enqueued with an older due time) is still taken: as soon as nothing is left above,
+/// in the same call.
+#[tokio::test]
+async fn jobs_below_the_scan_floor_are_taken() {
+    let _shared = HORIZON.read().await;
+    let db = TestDb::new().await;
+    create_queue(&db, "q").await;
+    let taker = db.client().await;
+    let other = db.client().await;
+    for n in 1..=3 {
+        enqueue(&taker, "q", n).await;
+    }
+    other.batch_execute("BEGIN").await.unwrap();
+    let locked: String = other
+        .query_one("SELECT payload::text FROM inbox_lock('q', 1)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(locked, "1");
+    assert_eq!(lease_one(&taker).await, vec!["2"], "1 is locked: skipped");
+    other.batch_execute("ROLLBACK").await.unwrap();
+    // 1 is takeable again, below where the taker's scans now start.
+    taker
+        .query_one(
+            "SELECT inbox_enqueue('q', '4', now() - interval '1 hour')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    for _ in 0..3 {
+        rest.extend(lease_one(&taker).await);
+    }
+    rest.sort();
+    assert_eq!(rest, vec!["1", "3", "4"]);
+    assert!(lease_one(&taker).await.is_empty());
+}

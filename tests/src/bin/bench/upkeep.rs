@@ -615,20 +615,17 @@ struct Second {
     entries: f64,
 }
 
-/// Both sides at once, so that the one snapshot held and the machine's noise hit them alike: the
-/// phases' rates and each second's figures of (inbox, raw).
-async fn held(ctx: &Ctx) -> Result<[(Phases, Vec<Second>); 2]> {
-    let sides = [
-        Consuming::start(ctx, Side::Inbox).await?,
-        Consuming::start(ctx, Side::Raw).await?,
-    ];
+/// One side alone (run together, the raw side's scans of dead entries would take the CPUs from
+/// the other): the phases' rates and each second's figures.
+async fn held(ctx: &Ctx, side: Side) -> Result<(Phases, Vec<Second>)> {
+    let sides = [Consuming::start(ctx, side).await?];
     let probe = ctx.connect().await?;
     let (before, hold, after) = phases(ctx);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let holder = ctx.connect().await?;
-    let mut seconds: [Vec<Second>; 2] = [Vec::new(), Vec::new()];
-    let mut last = [(0_u64, 0_i64); 2];
-    for (i, side) in [Side::Inbox, Side::Raw].into_iter().enumerate() {
+    let mut seconds: [Vec<Second>; 1] = [Vec::new()];
+    let mut last = [(0_u64, 0_i64); 1];
+    for (i, side) in [side].into_iter().enumerate() {
         last[i] = (
             sides[i].done.load(Ordering::Relaxed),
             entries_read(&probe, side.queue()).await?,
@@ -646,7 +643,7 @@ async fn held(ctx: &Ctx) -> Result<[(Phases, Vec<Second>); 2]> {
             holder.batch_execute("COMMIT").await?;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        for (i, side) in [Side::Inbox, Side::Raw].into_iter().enumerate() {
+        for (i, side) in [side].into_iter().enumerate() {
             let now = (
                 sides[i].done.load(Ordering::Relaxed),
                 entries_read(&probe, side.queue()).await?,
@@ -674,15 +671,16 @@ async fn held(ctx: &Ctx) -> Result<[(Phases, Vec<Second>); 2]> {
             after_end: mean(&s[s.len() - part..]),
         }
     };
-    let [ours, theirs] = seconds;
-    Ok([(phases(&ours), ours), (phases(&theirs), theirs)])
+    let [trace] = seconds;
+    Ok((phases(&trace), trace))
 }
 
 /// Figure 10: a transactional worker (lease, 4 deliveries, a handler inserting a row) before,
 /// during and after a `REPEATABLE READ` transaction held open for 2 minutes (quick: 20 s),
-/// against the raw loop of figure 4 on 4 connections, both at the same time.
+/// against the raw loop of figure 4 on 4 connections in the same situation, run after it.
 pub async fn held_snapshot(ctx: &Ctx) -> Result<Vec<Row>> {
-    let [(ours, ours_trace), (theirs, theirs_trace)] = retrying(|| held(ctx)).await?;
+    let (ours, ours_trace) = retrying(|| held(ctx, Side::Inbox)).await?;
+    let (theirs, theirs_trace) = retrying(|| held(ctx, Side::Raw)).await?;
     let (before, hold, after) = phases(ctx);
     // Per 5 s: the median jobs/s, and the index entries read per job.
     let trail = |trace: &[Second]| {
