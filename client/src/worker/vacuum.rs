@@ -3,12 +3,13 @@
 //! Every job leaves dead row versions (its lease's update, its ack's delete). Autovacuum visits a
 //! database at most once per `autovacuum_naptime` (a minute by default), while a busy queue
 //! leaves tens of thousands of dead rows a second: its table and indexes grow, and every lease
-//! walks over dead index entries. So the worker looks four times a second whether the queue should be
-//! vacuumed (`inbox_vacuum_due`: enough dead rows, no vacuum on it already, and the oldest
-//! snapshot moved since its last vacuum) and, if so, runs `VACUUM` on a connection of its own,
-//! outside any transaction. The vacuum never blocks the queue: it takes no lock that enqueues,
-//! leases or settlements wait for, skips a queue that another vacuum works on (autovacuum, or
-//! another worker of the same queue: at most one runs), and does not truncate the table.
+//! walks over dead index entries. So the worker looks four times a second whether the queue
+//! should be vacuumed (`inbox_vacuum_due`: enough dead rows, no vacuum on it already, and the
+//! oldest snapshot moved since its last vacuum) and, if so, runs `VACUUM` on a connection of its
+//! own, outside any transaction. The vacuum never blocks the queue: it takes no lock that
+//! enqueues, leases or settlements wait for, skips a queue that another vacuum works on
+//! (autovacuum, or another worker of the same queue: at most one runs), and does not truncate the
+//! table.
 
 use std::sync::Arc;
 use std::time::Duration;
