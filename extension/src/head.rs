@@ -10,9 +10,10 @@
 //! starts its next scan there (`locked_until >= floor`), which the index reaches directly.
 //!
 //! What this can pass over: a job below the floor that becomes takeable later, i.e. a lease or
-//! lock rolled back by its own transaction, or an enqueue committed late with a due time older
-//! than the floor (an explicit past `run_at`, or `now()` of a transaction that started long
-//! before it committed). Retries, expired leases and enqueues due now are at or above it. So a
+//! lock rolled back by its own transaction, a lease that expires with an end older than the
+//! floor (taken before the floor's job was due), or an enqueue committed late with a due time
+//! older than the floor (an explicit past `run_at`, or `now()` of a transaction that started long
+//! before it committed). Retries and enqueues due now are at or above it. So a
 //! take that finds nothing above the floor looks at the whole queue before it answers, and a
 //! session scans the whole queue again once a second, or, when such a scan is slow (the dead
 //! entries a held snapshot keeps), after a hundred times as long as the last one took, up to a
