@@ -390,6 +390,22 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_seen_wrapper';
 
+CREATE OR REPLACE FUNCTION "inbox_sleep"(
+	"queue" regclass /* Option < RegClass > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_sleep_wrapper';
+
+CREATE OR REPLACE FUNCTION "inbox_sleepers"(
+	"queue" regclass /* Option < RegClass > */
+) RETURNS SETOF INT /* i32 */
+STABLE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_sleepers_wrapper';
+
 CREATE OR REPLACE FUNCTION "inbox_stats"(
 	"queue" regclass /* Option < RegClass > */
 ) RETURNS TABLE (
@@ -404,6 +420,14 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_stats_wrapper';
 
+CREATE OR REPLACE FUNCTION "inbox_stop_sleeping"(
+	"queue" regclass /* Option < RegClass > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_stop_sleeping_wrapper';
+
 CREATE OR REPLACE FUNCTION "inbox_unschedule"(
 	"queue" regclass, /* Option < RegClass > */
 	"name" TEXT /* Option < & str > */
@@ -412,6 +436,14 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_unschedule_wrapper';
+
+CREATE OR REPLACE FUNCTION "inbox_vacuum_due"(
+	"queue" regclass /* Option < RegClass > */
+) RETURNS TEXT /* Option < String > */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_vacuum_due_wrapper';
 
 ALTER FUNCTION inbox_lease(regclass, integer, interval) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION inbox_lock(regclass, integer) SET plan_cache_mode = force_generic_plan;

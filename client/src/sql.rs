@@ -144,3 +144,23 @@ pub(crate) const UNSCHEDULE: &str =
 pub(crate) const SCHEDULES: &str = "SELECT name, cron, time_zone, payload, \
      CASE WHEN isfinite(next_tick) THEN next_tick END AS next_tick \
      FROM inbox_schedules($1::text::regclass)";
+
+/// `inbox_sleep(queue)`: registers the LISTEN session as asleep on the queue, so enqueues notify
+/// it; `false` (nothing registered) when a job is due already.
+pub(crate) const QUEUE_SLEEP: &str = "SELECT inbox_sleep($1::text::regclass)";
+
+/// `inbox_stop_sleeping(queue)`: enqueues stop notifying the LISTEN session.
+pub(crate) const QUEUE_STOP_SLEEPING: &str = "SELECT inbox_stop_sleeping($1::text::regclass)";
+
+/// Bounds how long the LISTEN session waits, before it sleeps, for enqueues in flight to end.
+pub(crate) const SLEEP_LOCK_TIMEOUT: &str = "SET lock_timeout = '1s'";
+
+/// `inbox_vacuum_due(queue)`: the queue's quoted name when its worker should vacuum it now.
+pub(crate) const QUEUE_VACUUM_DUE: &str = "SELECT inbox_vacuum_due($1::text::regclass)";
+
+/// Vacuums a queue without ever blocking it: a queue being vacuumed already (by autovacuum or
+/// another worker) is skipped, and the table is not truncated (that would lock it). `table` is
+/// the quoted name `inbox_vacuum_due` returned.
+pub(crate) fn vacuum(table: &str) -> String {
+    format!("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE OFF) {table}")
+}

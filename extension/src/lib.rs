@@ -12,6 +12,7 @@ mod datum;
 mod dead_letters;
 mod error;
 mod groups;
+mod head;
 pub mod ledger;
 mod names;
 mod observe;
@@ -20,6 +21,8 @@ pub mod queue;
 pub mod schedule;
 mod shape;
 mod statements;
+mod upkeep;
+mod wakeups;
 pub mod worker_calls;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -34,9 +37,9 @@ pub(crate) static NOTIFY: pgrx::GucSetting<bool> = pgrx::GucSetting::<bool>::new
 pub extern "C-unwind" fn _PG_init() {
     pgrx::GucRegistry::define_bool_guc(
         c"inbox.notify",
-        c"Whether inbox_enqueue sends NOTIFY on the queue's channel.",
-        c"PostgreSQL serialises the commits of transactions that notified; turn this off where \
-          workers poll and enqueues come from many connections at once.",
+        c"Whether enqueues wake the workers asleep on the queue (NOTIFY on its channel).",
+        c"An enqueue notifies only when a worker sleeps on the queue (see inbox_sleep); with \
+          this off, enqueues never notify and workers find new jobs when they poll.",
         &NOTIFY,
         pgrx::GucContext::Userset,
         pgrx::GucFlags::default(),

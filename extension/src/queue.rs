@@ -39,9 +39,10 @@ fn channel(queue: pg_sys::Oid) -> String {
     format!("inbox_{}", queue.to_u32())
 }
 
-/// Wakes the queue's idle workers once the caller commits, unless `inbox.notify` is off.
+/// Wakes the workers asleep on the queue once the caller commits, unless `inbox.notify` is off;
+/// sends nothing when none sleeps (see `wakeups`).
 fn notify(queue: pg_sys::Oid) {
-    if crate::NOTIFY.get() {
+    if crate::NOTIFY.get() && crate::wakeups::must_notify(queue) {
         // SAFETY: pg_notify takes two text arguments, both given and non-NULL.
         unsafe {
             pgrx::direct_function_call::<()>(
@@ -385,12 +386,47 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
             (Op::Lock, |queue| statements::take(queue, false))
         };
         let plan = plans::queue_plan(client, queue, op, build);
-        let mut args = vec![max.into(), clock_now()];
-        args.extend(lease.map(DatumWithOid::from));
-        let taken = client
-            .update(&*plan, None, &args)
-            .unwrap_or_else(|e| internal(e))
-            .len();
+        // SAFETY: reads the clock.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let run = |client: &mut SpiClient<'_>, (rank, due, id): crate::head::Floor| {
+            // SAFETY: timestamptz values are int64s passed by value.
+            let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
+            let mut args = vec![max.into(), timestamptz(now)];
+            args.extend(lease.map(DatumWithOid::from));
+            if !shape.nullable_locked_until {
+                args.extend([rank.into(), timestamptz(due), id.into()]);
+            }
+            client
+                .update(&*plan, None, &args)
+                .unwrap_or_else(|e| internal(e))
+                .len()
+        };
+        // Past the dead entries at the head of the index, unless that finds nothing (`head`).
+        let mut floor = crate::head::floor(queue, now);
+        let mut taken = run(client, floor);
+        if taken == 0 && floor != crate::head::WHOLE_QUEUE {
+            floor = crate::head::WHOLE_QUEUE;
+            taken = run(client, floor);
+        }
+        // SAFETY: reads the clock.
+        let took = unsafe { pg_sys::GetCurrentTimestamp() } - now;
+        // SAFETY: the statement returned `taken` rows of (int8 id, .., timestamptz due, int8 rank).
+        let first = (taken > 0)
+            .then(|| unsafe {
+                (
+                    spi_result_datum(0, 5),
+                    spi_result_datum(0, 4),
+                    spi_result_datum(0, 1),
+                )
+            })
+            .and_then(|(rank, due, id)| {
+                Some((
+                    rank?.value() as i64,
+                    due?.value() as i64,
+                    id?.value() as i64,
+                ))
+            });
+        crate::head::found(queue, floor, first, now, took);
         (0..taken)
             .map(|row| {
                 // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload),

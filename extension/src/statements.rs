@@ -27,7 +27,7 @@ pub(crate) fn create_ledger(table: &str) -> String {
 
 /// The queue table; rows churn, so autovacuum is told to visit it often rather than after a
 /// fifth of the table is dead. Its indexes:
-/// - leasing walks `(priority DESC, locked_until, id)` over the jobs that can be taken: dead
+/// - leasing walks `(-priority, locked_until, id)` (see `take`) over the jobs that can be taken: dead
 ///   jobs and jobs waiting behind their group's head (`locked_until = 'infinity'`) are not in
 ///   it, so they cost a lease nothing however many there are;
 /// - a group's head (at most one per group) and its waiting jobs, in enqueue order, are found by
@@ -54,7 +54,7 @@ pub(crate) fn create_queue(table: &str) -> String {
          ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, \
                  autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, \
                  autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05); \
-         CREATE INDEX ON {table} (priority DESC, locked_until, id) \
+         CREATE INDEX ON {table} ((OPERATOR(pg_catalog.-) priority::pg_catalog.int8), locked_until, id) \
              WHERE locked_until OPERATOR(pg_catalog.<) {INFINITY}; \
          CREATE UNIQUE INDEX ON {table} (key) WHERE key IS NOT NULL; \
          CREATE INDEX ON {table} (group_key) \
@@ -184,41 +184,88 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
     }
 }
 
-/// `$1` max, `$2` now, and for a lease `$3` its length. Both forms pick due jobs in order with
-/// SKIP LOCKED. A lease counts the attempt and hides the jobs until it ends; a lock only locks
-/// them (its settlement counts the attempt, see FENCE), so it costs what `SELECT ... FOR UPDATE`
-/// costs.
+/// The rank by which leases order a table with priorities: higher priorities first.
+const PRIORITY_RANK: &str = "(-(priority::int8))";
+
+/// `$1` max, `$2` now, and for a lease `$3` its length; then, where `locked_until` is NOT NULL,
+/// the floor the scan starts from (see `head`: a rank, a due time and an id). Both forms pick
+/// due jobs in order with SKIP LOCKED, and return each job's due time and rank after its payload.
+/// A lease counts the attempt and hides the jobs until it ends; a lock only locks them (its
+/// settlement counts the attempt, see FENCE), so it costs what `SELECT ... FOR UPDATE` costs.
 ///
-/// With a `priority` column the order is `priority DESC, locked_until, id`, and the statement
-/// says `locked_until < 'infinity'` so that the partial index of `inbox_create_queue`, which
-/// leaves dead and waiting jobs out, serves it.
+/// The order is by rank, then due time, then id. With a `priority` column the rank is
+/// `-priority` (higher first; as an int8, which cannot overflow), the index of
+/// `inbox_create_queue` is on `(-priority, locked_until, id)`, and the statement says
+/// `locked_until < 'infinity'` so that this partial index, which leaves dead and waiting jobs out,
+/// serves it. The scan from the floor is then one row comparison in index order, and a first
+/// scan takes the jobs of higher priorities (ranks below the floor's) from the start of the index,
+/// so that a job of a higher priority enqueued since the floor was recorded is not passed over.
+/// The two scans run one after the other (an `Append`) and stop once `max` jobs are locked, with
+/// no sort that would lock more than it returns. Without `priority` the rank is 0 and the floor
+/// compares `(locked_until, id)`.
 pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
     let table = &queue.table;
-    let (due, nulls) = match (queue.nullable_locked_until, queue.has_priority) {
-        (false, false) => ("locked_until <= $2", ""),
-        (false, true) => ("locked_until <= $2 AND locked_until < 'infinity'", ""),
-        (true, false) => (
-            "(locked_until IS NULL OR locked_until <= $2)",
-            " NULLS FIRST",
-        ),
-        (true, true) => (
-            "(locked_until IS NULL OR (locked_until <= $2 AND locked_until < 'infinity'))",
-            " NULLS FIRST",
-        ),
-    };
-    let (rank, rank_order) = if queue.has_priority {
-        ("priority", "priority DESC, ")
+    let floor = if lease { 4 } else { 3 };
+    let (rank, finite) = if queue.has_priority {
+        (PRIORITY_RANK, " AND locked_until < 'infinity'")
     } else {
-        ("0", "")
+        ("0::int8", "")
     };
-    let pick = format!(
-        "FROM {table} WHERE {due} ORDER BY {rank_order}locked_until{nulls}, id \
-         LIMIT $1 FOR UPDATE SKIP LOCKED"
-    );
+    let scan = |condition: &str| {
+        format!(
+            "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload FROM {table} \
+              WHERE {condition} ORDER BY {rank}, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED"
+        )
+    };
+    let (picked, nulls, floor_args) = if queue.nullable_locked_until {
+        let due = format!("(locked_until IS NULL OR (locked_until <= $2{finite}))");
+        (
+            format!(
+                "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload FROM {table} \
+                  WHERE {due} ORDER BY {rank}, locked_until NULLS FIRST, id \
+                  LIMIT $1 FOR UPDATE SKIP LOCKED"
+            ),
+            " NULLS FIRST",
+            vec![],
+        )
+    } else if queue.has_priority {
+        let due = format!("locked_until <= $2{finite}");
+        let above = scan(&format!("{due} AND {rank} < ${floor}"));
+        let from_floor = scan(&format!(
+            "{due} AND ({rank}, locked_until, id) >= (${floor}, ${}, ${})",
+            floor + 1,
+            floor + 2
+        ));
+        (
+            format!(
+                "SELECT * FROM (SELECT * FROM ({above}) AS above \
+                                UNION ALL SELECT * FROM ({from_floor}) AS from_floor) AS picked \
+                 LIMIT $1"
+            ),
+            "",
+            vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID],
+        )
+    } else {
+        (
+            scan(&format!(
+                "locked_until <= $2 AND (locked_until, id) >= (${}, ${})",
+                floor + 1,
+                floor + 2
+            )),
+            "",
+            // The rank of the floor is passed too, and unused.
+            vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID],
+        )
+    };
     if !lease {
         return Sql {
-            text: format!("SELECT id::int8, (attempt + 1)::int4, payload {pick}"),
-            args: vec![pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID],
+            text: format!(
+                "SELECT id::int8, (attempt + 1)::int4, payload, due, rank FROM ({picked}) AS picked"
+            ),
+            args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID]
+                .into_iter()
+                .chain(floor_args)
+                .collect(),
         };
     }
     let leased_at = if queue.has_leased_at {
@@ -230,16 +277,19 @@ pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
     // plan's estimate for `LIMIT $1`: a join here may be planned as a scan of the whole queue.
     Sql {
         text: format!(
-            "WITH next AS MATERIALIZED (SELECT id, {rank} AS rank, locked_until AS due {pick}), taken AS ( \
+            "WITH next AS MATERIALIZED (SELECT id, rank, due FROM ({picked}) AS picked), taken AS ( \
                  UPDATE {table} AS q SET attempt = q.attempt + 1, locked_until = $2 + $3{leased_at} \
                   WHERE q.id = ANY (ARRAY(SELECT id FROM next)) \
                  RETURNING q.id, q.attempt, q.payload \
              ) \
-             SELECT taken.id::int8, taken.attempt::int4, taken.payload \
+             SELECT taken.id::int8, taken.attempt::int4, taken.payload, next.due, next.rank \
                FROM taken JOIN next ON next.id = taken.id \
-              ORDER BY next.rank DESC, next.due{nulls}, taken.id"
+              ORDER BY next.rank, next.due{nulls}, taken.id"
         ),
-        args: vec![pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID],
+        args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID]
+            .into_iter()
+            .chain(floor_args)
+            .collect(),
     }
 }
 
@@ -621,5 +671,49 @@ pub(crate) fn dead_jobs(queue: &QueueShape) -> Sql {
             dead_order(queue)
         ),
         args: vec![pg_sys::INT4OID],
+    }
+}
+
+/// `$1` now. Whether a job is due: what a worker about to sleep looks for (`wakeups`).
+pub(crate) fn due(queue: &QueueShape) -> Sql {
+    let due = if queue.nullable_locked_until {
+        "locked_until IS NULL OR locked_until <= $1"
+    } else {
+        "locked_until <= $1"
+    };
+    Sql {
+        text: format!("SELECT EXISTS (SELECT FROM {} WHERE {due})", queue.table),
+        args: vec![pg_sys::TIMESTAMPTZOID],
+    }
+}
+
+/// `$1` the database, `$2` the queue, `$3` the wake-up lock's `objsubid`: the sessions asleep
+/// on a queue (`wakeups`).
+pub(crate) fn sleepers() -> Sql {
+    Sql {
+        text: "SELECT pid FROM pg_catalog.pg_locks \
+                WHERE locktype = 'advisory' AND database = $1 AND classid = $2 AND objid = 0 \
+                  AND objsubid = $3 AND mode = 'ShareLock' AND granted ORDER BY pid"
+            .to_owned(),
+        args: vec![pg_sys::OIDOID, pg_sys::OIDOID, pg_sys::INT2OID],
+    }
+}
+
+/// `$1` the queue: its dead and live rows (statistics), whether a vacuum is working on it,
+/// whether the caller may vacuum it, and its quoted name (`upkeep`).
+pub(crate) fn vacuum_facts() -> Sql {
+    Sql {
+        text: "SELECT pg_catalog.pg_stat_get_dead_tuples(c.oid), \
+                      pg_catalog.pg_stat_get_live_tuples(c.oid), \
+                      EXISTS (SELECT FROM pg_catalog.pg_stat_progress_vacuum v WHERE v.relid = c.oid), \
+                      pg_catalog.pg_has_role(c.relowner, 'USAGE') \
+                          OR pg_catalog.pg_has_role(d.datdba, 'USAGE'), \
+                      pg_catalog.format('%I.%I', n.nspname, c.relname) \
+                 FROM pg_catalog.pg_class c \
+                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                 JOIN pg_catalog.pg_database d ON d.datname = pg_catalog.current_database() \
+                WHERE c.oid = $1"
+            .to_owned(),
+        args: vec![pg_sys::OIDOID],
     }
 }

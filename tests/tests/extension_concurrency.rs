@@ -640,8 +640,8 @@ async fn expect_probe_next(
     );
 }
 
-/// Enqueues notify the queue's channel when they commit, not before, and not at all with
-/// `inbox.notify` off (set before or after the library is loaded).
+/// Enqueues notify the queue's channel (a session asleep on it) when they commit, not before,
+/// and not at all with `inbox.notify` off (set before or after the library is loaded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn enqueue_notifies_listeners_on_commit_unless_notify_is_off() {
     let db = TestDb::new().await;
@@ -664,6 +664,13 @@ async fn enqueue_notifies_listeners_on_commit_unless_notify_is_off() {
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await
         .unwrap();
+    // Enqueues notify only sessions asleep on the queue (tests/tests/wakeups.rs has the rest).
+    let asleep: bool = listening
+        .query_one("SELECT inbox_sleep('jobs')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(asleep);
     let producer_pid = backend_pid(&producer).await;
 
     // Uncommitted: nothing; committed: one notification from the producer.

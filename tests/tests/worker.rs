@@ -1463,16 +1463,12 @@ async fn idle_workers_wake_on_notify() {
             .workers(2)
             .poll_interval(Duration::from_secs(10))
             .start();
-        // Wait until the worker LISTENs, then let it find the queue empty and go idle.
+        // Wait until the worker found the queue empty and sleeps on it.
         let client = db.client().await;
         let listening = Instant::now();
         loop {
             let row = client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                      WHERE application_name = $1 AND state = 'idle' AND query LIKE 'LISTEN %'",
-                    &[&db.schema()],
-                )
+                .query_one("SELECT count(*) FROM inbox_sleepers('jobs')", &[])
                 .await
                 .unwrap();
             if row.get::<_, i64>(0) > 0 {

@@ -36,14 +36,11 @@ async fn effects(pg: &PgDatabase) -> Vec<(i64, i32)> {
         .collect()
 }
 
-/// The backend pid of the worker's LISTEN connection, once it has one.
+/// The backend pid of the worker's LISTEN connection, once it sleeps on the queue.
 async fn listener_pid(db: &TestDb) -> Option<i32> {
     let client = db.client().await;
     client
-        .query_opt(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'",
-            &[&db.schema()],
-        )
+        .query_opt("SELECT s FROM inbox_sleepers('jobs') AS s LIMIT 1", &[])
         .await
         .unwrap()
         .map(|row| row.get(0))

@@ -1,14 +1,23 @@
-//! Wakes idle workers when an enqueue commits, over a LISTEN connection of the worker's own.
+//! The worker's idle side: its LISTEN session registers as asleep on the queue when a delivery
+//! slot found nothing to do, so that enqueues wake it with `NOTIFY`, and unregisters once woken,
+//! so that enqueues into a busy queue notify no one (see `inbox_sleep` in `docs/sql-api.md`).
+//!
+//! No wake-up is lost: a slot that found nothing asks for the registration before it sleeps, and
+//! the registration itself looks at the queue after the sleeper's lock is granted (`inbox_sleep`
+//! returns false when a job is due, and a slot is woken to take it). From then on, until the
+//! session unregisters, every enqueue notifies it. A slot that finds work wakes the next one
+//! (`transactional.rs`, `plain.rs`), so jobs enqueued while the session is not registered are
+//! found by the slots still awake, the last of which registers again when it runs out of work.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{stream, StreamExt};
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use super::Shared;
-use crate::error::DbError;
+use crate::error::{DbError, ErrorKind};
 use crate::sql;
 
 /// Listens on the queue's channel and wakes one idle task per notification; a lost connection
@@ -47,23 +56,73 @@ async fn listen(shared: &Shared, config: &tokio_postgres::Config) -> Result<(), 
             }
         }
     });
+    let result = serve(shared, &client, &mut notifications).await;
+    driver.abort();
+    result
+}
+
+/// LISTENs, then registers and unregisters the session as the slots go idle and are woken.
+async fn serve(
+    shared: &Shared,
+    client: &Client,
+    notifications: &mut mpsc::UnboundedReceiver<()>,
+) -> Result<(), DbError> {
     let channel: String = client
         .query_one(sql::QUEUE_CHANNEL, &[&shared.queue])
         .await?
         .try_get(0)?;
     client
-        .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+        .batch_execute(&format!(
+            "{}; LISTEN \"{}\"",
+            sql::SLEEP_LOCK_TIMEOUT,
+            channel.replace('"', "\"\"")
+        ))
         .await?;
+    // Anything enqueued while this session was not listening is found by a slot looking now.
     shared.wake.notify_one();
-    let result = loop {
+    let mut asleep = false;
+    loop {
         tokio::select! {
             received = notifications.recv() => match received {
-                Some(()) => shared.wake.notify_one(),
-                None => break Err(DbError::new(crate::error::ErrorKind::ConnectionLost, "the LISTEN connection closed")),
+                Some(()) => {
+                    shared.wake.notify_one();
+                    if asleep {
+                        client.query_one(sql::QUEUE_STOP_SLEEPING, &[&shared.queue]).await?;
+                        asleep = false;
+                    }
+                }
+                None => return Err(DbError::new(ErrorKind::ConnectionLost, "the LISTEN connection closed")),
             },
-            _ = shared.stop.cancelled() => break Ok(()),
+            _ = shared.idle_slot.notified() => {
+                if !asleep {
+                    asleep = sleep(shared, client).await?;
+                }
+            }
+            _ = shared.stop.cancelled() => return Ok(()),
         }
-    };
-    driver.abort();
-    result
+    }
+}
+
+/// Registers the session as asleep on the queue; whether it is. When a job is due already, or
+/// enqueues in flight kept the registration waiting past its lock timeout, a slot is woken to
+/// look (and the next idle slot asks again).
+async fn sleep(shared: &Shared, client: &Client) -> Result<bool, DbError> {
+    match client.query_one(sql::QUEUE_SLEEP, &[&shared.queue]).await {
+        Ok(row) => {
+            let registered: bool = row.try_get(0)?;
+            if !registered {
+                shared.wake.notify_one();
+            }
+            Ok(registered)
+        }
+        Err(error) => {
+            let error = DbError::from(error);
+            if error.sqlstate() == Some("55P03") {
+                shared.wake.notify_one();
+                Ok(false)
+            } else {
+                Err(error)
+            }
+        }
+    }
 }

@@ -50,6 +50,7 @@ mod listen;
 mod plain;
 mod policy;
 mod transactional;
+mod vacuum;
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -143,6 +144,7 @@ struct Settings {
     group_time: Duration,
     batch_size: usize,
     poll_interval: Duration,
+    vacuum: bool,
     statement_timeout: Duration,
     idle_in_transaction_timeout: Duration,
 }
@@ -159,6 +161,7 @@ impl Default for Settings {
             group_time: Duration::from_millis(20),
             batch_size: 100,
             poll_interval: Duration::from_millis(500),
+            vacuum: true,
             statement_timeout: Duration::from_secs(30),
             idle_in_transaction_timeout: Duration::from_secs(60),
         }
@@ -178,6 +181,8 @@ struct Shared {
     counters: Counters,
     /// Wakes one idle task: a NOTIFY arrived, or a task found work and there may be more.
     wake: Notify,
+    /// Tells the LISTEN session that a task found nothing to do (it registers as asleep).
+    idle_slot: Notify,
     stop: CancellationToken,
     /// Leased jobs being worked on (id → token): what the heartbeat extends, and what a
     /// shutdown releases if their handlers had to be abandoned.
@@ -241,6 +246,7 @@ impl Shared {
 
     /// Sleeps until woken, the poll interval passes, or the worker stops.
     async fn idle(&self) {
+        self.idle_slot.notify_one();
         tokio::select! {
             _ = self.wake.notified() => {}
             _ = tokio::time::sleep(self.settings.poll_interval) => {}
@@ -401,6 +407,14 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         self
     }
 
+    /// Whether the worker vacuums its queue when dead rows pile up (default on): see
+    /// `docs/operating.md`. Turn it off only where something else vacuums the queue every few
+    /// seconds.
+    pub fn vacuum(mut self, on: bool) -> Self {
+        self.settings.vacuum = on;
+        self
+    }
+
     /// The `statement_timeout` of the worker's connections (default 30 s).
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.settings.statement_timeout = timeout;
@@ -423,12 +437,16 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             settings: self.settings,
             counters: Counters::default(),
             wake: Notify::new(),
+            idle_slot: Notify::new(),
             stop: CancellationToken::new(),
             in_flight: Mutex::new(HashMap::new()),
             lock_failures: Mutex::new(HashMap::new()),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(listen::run(shared.clone()));
+        if shared.settings.vacuum {
+            tasks.spawn(vacuum::run(shared.clone()));
+        }
         let leases = shared.settings.claim == Claim::Lease || matches!(self.mode, Mode::Plain(_));
         if leases && shared.settings.heartbeat {
             tasks.spawn(heartbeat::run(shared.clone()));

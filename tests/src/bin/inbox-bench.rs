@@ -27,6 +27,8 @@ mod report;
 mod sessions;
 #[path = "bench/setup.rs"]
 mod setup;
+#[path = "bench/upkeep.rs"]
+mod upkeep;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -126,6 +128,9 @@ async fn run(args: &[String]) -> Result<()> {
             7 => figures::memory(&ctx).await?,
             8 => burndown::burndown(&ctx).await?,
             9 => groups::groups(&ctx).await?,
+            10 => upkeep::wakeups(&ctx).await?,
+            11 => upkeep::bloat(&ctx).await?,
+            12 => upkeep::held_snapshot(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));
