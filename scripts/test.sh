@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: rustfmt, clippy, the extension's #[pg_test]s (cargo pgrx test), then the
-# workspace's integration tests against a fresh database with the extension installed.
+# workspace's integration tests against a fresh database with the extension installed, then the
+# fault suite (scripts/faults.sh).
 # Works from any directory; run as root (Postgres runs as user postgres).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -40,5 +41,8 @@ psql "$url" -X -q -v ON_ERROR_STOP=1 -f sql/tour.sql >/dev/null
 
 banner "cargo test (integration tests against $url)"
 INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --profile ci
+
+banner "the fault suite (scripts/faults.sh, docs/reliability.md)"
+./scripts/faults.sh --no-install
 
 banner "all tests passed"

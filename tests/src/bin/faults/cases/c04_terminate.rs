@@ -97,7 +97,7 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
         tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(4);
             while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(rng.u64(20..80))).await;
+                tokio::time::sleep(Duration::from_millis(rng.u64(30..150))).await;
                 let victims = killer
                     .query(
                         "SELECT pid, query = 'COMMIT' AND state = 'active' FROM pg_stat_activity \
@@ -127,9 +127,48 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
             }
         })
     };
-    let finished = common::wait_drained(&admin, "jobs", Duration::from_secs(400)).await?;
+    // Faults for a while, then the queue must drain on its own.
+    let window = Duration::from_secs(ctx.profile.pick(25, 90));
+    let drained_under_faults = common::wait_drained(&admin, "jobs", window).await?;
     stop.store(true, Ordering::Relaxed);
     killer.await?;
+    proxy.cut_every_nth_commit(0);
+    let finished = drained_under_faults
+        || common::wait_drained(&admin, "jobs", Duration::from_secs(120)).await?;
+    if !finished {
+        let stuck = admin
+            .query(
+                "SELECT attempt, locked_until > now(), leased_at IS NOT NULL, count(*) FROM jobs \
+                 WHERE locked_until < 'infinity' GROUP BY 1, 2, 3 ORDER BY 4 DESC LIMIT 5",
+                &[],
+            )
+            .await?;
+        let shown: Vec<String> = stuck
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} jobs at attempt {} (invisible {}, leased {})",
+                    r.get::<_, i64>(3),
+                    r.get::<_, i32>(0),
+                    r.get::<_, bool>(1),
+                    r.get::<_, bool>(2)
+                )
+            })
+            .collect();
+        row.note(format!("left in the queue: {}", shown.join("; ")));
+        let activity = admin
+            .query(
+                "SELECT state, left(query, 60), count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND pid <> pg_backend_pid() GROUP BY 1, 2",
+                &[&db.schema()],
+            )
+            .await?;
+        let shown: Vec<String> = activity
+            .iter()
+            .map(|r| format!("{} x {:?} {:?}", r.get::<_, i64>(2), r.get::<_, Option<String>>(0), r.get::<_, Option<String>>(1)))
+            .collect();
+        row.note(format!("worker connections: {}", shown.join("; ")));
+    }
     let stats = [
         leasing.shutdown(Duration::from_secs(10)).await,
         locking.shutdown(Duration::from_secs(10)).await,
