@@ -187,7 +187,7 @@ async fn run_case(number: u8, name: &'static str, limit: Duration, case: CaseFut
     }
     let mut row = match outcome {
         Ok(Ok(Ok(row))) => row,
-        Ok(Ok(Err(error))) => Row::failed(number, name, format!("error: {error}")),
+        Ok(Ok(Err(error))) => Row::failed(number, name, format!("error: {}", common::explain(&error))),
         Ok(Err(join)) => Row::failed(number, name, format!("panicked: {}", panic_text(join))),
         Err(_) => Row::failed(
             number,
@@ -202,6 +202,7 @@ async fn run_case(number: u8, name: &'static str, limit: Duration, case: CaseFut
         row.seconds,
         row.failures
             .iter()
+            .take(common::SHOWN)
             .map(|f| format!("\n    - {f}"))
             .collect::<String>()
     );

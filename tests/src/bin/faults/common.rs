@@ -82,10 +82,12 @@ impl Ctx {
     /// Creates database `name` (dropping an old one) with the extension; returns its URL.
     pub async fn own_database(&self, name: &str) -> Result<String> {
         let admin = connect(&self.url).await?;
+        // One statement per call: CREATE DATABASE cannot run in a (multi-statement) transaction.
         admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}"
-            ))
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
             .await?;
         let url = self.url_of(name);
         connect(&url)
@@ -191,6 +193,9 @@ pub struct Table {
     pub markdown: String,
 }
 
+/// How many of a case's failures the table's notes show.
+pub const SHOWN: usize = 12;
+
 pub fn table(rows: &[Row], profile: Profile, elapsed: Duration) -> Table {
     let head = [
         "case", "jobs", "faults", "inputs", "lost", "doubled", "seconds", "result",
@@ -248,8 +253,16 @@ pub fn table(rows: &[Row], profile: Profile, elapsed: Duration) -> Table {
         for note in &row.notes {
             let _ = writeln!(notes, "- case {}: {note}", row.case);
         }
-        for failure in &row.failures {
+        for failure in row.failures.iter().take(SHOWN) {
             let _ = writeln!(notes, "- case {} FAILED: {failure}", row.case);
+        }
+        if row.failures.len() > SHOWN {
+            let _ = writeln!(
+                notes,
+                "- case {}: {} more failures",
+                row.case,
+                row.failures.len() - SHOWN
+            );
         }
     }
     let summary = format!(
@@ -516,10 +529,23 @@ pub async fn in_transaction(client: &Client, name: &str) -> Result<i64> {
         .get(0))
 }
 
+/// An error's text; a database error's with its message, detail and SQLSTATE.
+pub fn explain(error: &Error) -> String {
+    match error.downcast_ref::<tokio_postgres::Error>() {
+        Some(pg) => describe(pg),
+        None => error.to_string(),
+    }
+}
+
 /// The text of a tokio-postgres error with its SQLSTATE, when it has one.
 pub fn describe(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        Some(db) => format!(
+            "{}{} ({})",
+            db.message(),
+            db.detail().map(|d| format!(": {d}")).unwrap_or_default(),
+            db.code().code()
+        ),
         None => error.to_string(),
     }
 }

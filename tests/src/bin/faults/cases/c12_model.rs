@@ -241,7 +241,7 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
             Op::Lease { max } => {
                 let got: Vec<(i64, i32, i64)> = client
                     .query(
-                        "SELECT id, attempt, token FROM inbox_lease($1::text::regclass, $2, '1 hour')",
+                        "SELECT id, attempt, token FROM inbox_lease($1::text::regclass, $2::int4, '1 hour')",
                         &[&queue, max],
                     )
                     .await
@@ -274,7 +274,7 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                 let id = model.pick(*job);
                 let token = model.token(id, *token);
                 let acked: bool = client
-                    .query_one("SELECT inbox_ack($1::text::regclass, $2, $3)", &[&queue, &id, &token])
+                    .query_one("SELECT inbox_ack($1::text::regclass, $2::int8, $3::int8)", &[&queue, &id, &token])
                     .await
                     .map_err(db_error)?
                     .get(0);
@@ -295,7 +295,7 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                 let token = model.token(id, *token);
                 let retried: bool = client
                     .query_one(
-                        "SELECT inbox_retry($1::text::regclass, $2, $3, '0 seconds', 'retried', $4)",
+                        "SELECT inbox_retry($1::text::regclass, $2::int8, $3::int8, '0 seconds', 'retried', $4::int4)",
                         &[&queue, &id, &token, max_attempts],
                     )
                     .await
@@ -322,7 +322,7 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                 let token = model.token(id, *token);
                 let dead: bool = client
                     .query_one(
-                        "SELECT inbox_dead($1::text::regclass, $2, $3, 'dead')",
+                        "SELECT inbox_dead($1::text::regclass, $2::int8, $3::int8, 'dead')",
                         &[&queue, &id, &token],
                     )
                     .await
@@ -344,7 +344,7 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                 let token = model.token(id, *token);
                 let extended: bool = client
                     .query_one(
-                        "SELECT inbox_extend($1::text::regclass, $2, $3, '1 hour')",
+                        "SELECT inbox_extend($1::text::regclass, $2::int8, $3::int8, '1 hour')",
                         &[&queue, &id, &token],
                     )
                     .await
@@ -540,6 +540,7 @@ async fn faulty_run(ctx: &Ctx, row: &mut Row) -> Result<()> {
     let workers = [start(Claim::Lease, 1), start(Claim::Lock, 5)];
     let stop = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicU64::new(0));
+    let spared: i32 = admin.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
     let killer = {
         let (client, stop, killed) = (db.client().await, stop.clone(), killed.clone());
         let app = db.schema().to_owned();
@@ -550,8 +551,8 @@ async fn faulty_run(ctx: &Ctx, row: &mut Row) -> Result<()> {
                     .query_one(
                         "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM pg_stat_activity \
                          WHERE application_name = $1 AND pid <> pg_backend_pid() \
-                         AND state <> 'idle' ORDER BY random() LIMIT 1) victim",
-                        &[&app],
+                         AND pid <> $2 AND state <> 'idle' ORDER BY random() LIMIT 1) victim",
+                        &[&app, &spared],
                     )
                     .await
                 {
