@@ -187,7 +187,9 @@ async fn run_case(number: u8, name: &'static str, limit: Duration, case: CaseFut
     }
     let mut row = match outcome {
         Ok(Ok(Ok(row))) => row,
-        Ok(Ok(Err(error))) => Row::failed(number, name, format!("error: {}", common::explain(&error))),
+        Ok(Ok(Err(error))) => {
+            Row::failed(number, name, format!("error: {}", common::explain(&error)))
+        }
         Ok(Err(join)) => Row::failed(number, name, format!("panicked: {}", panic_text(join))),
         Err(_) => Row::failed(
             number,

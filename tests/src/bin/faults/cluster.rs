@@ -66,17 +66,23 @@ impl Cluster {
             chown.arg("postgres:postgres").arg(&dir);
             run(chown, "chown").await?;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let cluster = Self {
             dir,
             pg_bin: pg_bin.to_owned(),
             port,
         };
         let mut initdb = command(&pg_bin.join("initdb"));
-        initdb
-            .arg("-D")
-            .arg(cluster.data())
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]);
+        initdb.arg("-D").arg(cluster.data()).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+        ]);
         run(initdb, "initdb").await?;
         cluster.start().await?;
         Ok(cluster)

@@ -49,8 +49,12 @@ pub struct Ctx {
 
 impl Ctx {
     pub async fn from_env(profile: Profile) -> Result<Self> {
-        let url = std::env::var(inbox_tests::URL_VAR)
-            .map_err(|_| format!("set {} to a database with the extension", inbox_tests::URL_VAR))?;
+        let url = std::env::var(inbox_tests::URL_VAR).map_err(|_| {
+            format!(
+                "set {} to a database with the extension",
+                inbox_tests::URL_VAR
+            )
+        })?;
         let pg_bin = match std::env::var("INBOX_PG_CONFIG") {
             Ok(pg_config) => {
                 let out = tokio::process::Command::new(&pg_config)
@@ -172,13 +176,25 @@ impl Row {
             format!("{label}: ")
         };
         self.check(tally.lost.is_empty(), || {
-            format!("{prefix}{} jobs lost or stuck, e.g. {:?}", tally.lost.len(), sample(&tally.lost))
+            format!(
+                "{prefix}{} jobs lost or stuck, e.g. {:?}",
+                tally.lost.len(),
+                sample(&tally.lost)
+            )
         });
         self.check(tally.doubled.is_empty(), || {
-            format!("{prefix}{} jobs doubled, e.g. {:?}", tally.doubled.len(), sample(&tally.doubled))
+            format!(
+                "{prefix}{} jobs doubled, e.g. {:?}",
+                tally.doubled.len(),
+                sample(&tally.doubled)
+            )
         });
         self.check(tally.unexpected.is_empty(), || {
-            format!("{prefix}{} unexpected: {:?}", tally.unexpected.len(), sample(&tally.unexpected))
+            format!(
+                "{prefix}{} unexpected: {:?}",
+                tally.unexpected.len(),
+                sample(&tally.unexpected)
+            )
         });
     }
 }

@@ -177,7 +177,9 @@ async fn client_to_server(
         hold_if_frozen(link).await;
         to.write_all(&length.to_be_bytes()).await?;
         to.write_all(&body).await?;
-        let code = body.get(..4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        let code = body
+            .get(..4)
+            .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
         if !matches!(code, Some(80_877_103 | 80_877_104)) {
             break;
         }
@@ -201,7 +203,7 @@ async fn client_to_server(
         if is(b"COMMIT") {
             let every = state.cut_every.load(Ordering::SeqCst);
             let count = state.commits.fetch_add(1, Ordering::SeqCst) + 1;
-            if every > 0 && count % every == 0 {
+            if every > 0 && count.is_multiple_of(every) {
                 // Nothing the server sends from here on reaches the client.
                 link.cutting.store(true, Ordering::SeqCst);
                 cut = true;

@@ -118,7 +118,11 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
         )
     });
     row.check(errors.is_empty(), || {
-        format!("{} errors (deadlocks among them would show 40P01): {:?}", errors.len(), &errors[..errors.len().min(3)])
+        format!(
+            "{} errors (deadlocks among them would show 40P01): {:?}",
+            errors.len(),
+            &errors[..errors.len().min(3)]
+        )
     });
     row.note(format!(
         "{LEASERS} leasers, {} lease calls, {} jobs released and leased again",

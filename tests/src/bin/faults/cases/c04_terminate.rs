@@ -165,7 +165,14 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
             .await?;
         let shown: Vec<String> = activity
             .iter()
-            .map(|r| format!("{} x {:?} {:?}", r.get::<_, i64>(2), r.get::<_, Option<String>>(0), r.get::<_, Option<String>>(1)))
+            .map(|r| {
+                format!(
+                    "{} x {:?} {:?}",
+                    r.get::<_, i64>(2),
+                    r.get::<_, Option<String>>(0),
+                    r.get::<_, Option<String>>(1)
+                )
+            })
             .collect();
         row.note(format!("worker connections: {}", shown.join("; ")));
     }

@@ -79,13 +79,18 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     }
     let admin = db.client().await;
     let finished = common::wait_drained(&admin, "jobs", Duration::from_secs(240)).await?;
-    row.check(finished, || "the queue did not drain after the restarts".into());
+    row.check(finished, || {
+        "the queue did not drain after the restarts".into()
+    });
     // Only NOTIFY can wake the idle worker within the minute: it must have LISTENed again.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let probe = jobs + 1;
     let enqueued = Instant::now();
     admin
-        .execute("SELECT inbox_enqueue('jobs', to_jsonb($1::int8))", &[&probe])
+        .execute(
+            "SELECT inbox_enqueue('jobs', to_jsonb($1::int8))",
+            &[&probe],
+        )
         .await?;
     let woke = common::wait_drained(&admin, "jobs", Duration::from_secs(10)).await?;
     let waited = enqueued.elapsed();

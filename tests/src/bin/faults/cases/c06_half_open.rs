@@ -81,18 +81,24 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let drain_time = frozen_at.elapsed();
     let deadline = Duration::from_secs(3);
     let stopping = Instant::now();
-    let stopped = tokio::time::timeout(deadline + Duration::from_secs(10), worker.shutdown(deadline))
-        .await
-        .is_ok();
+    let stopped = tokio::time::timeout(
+        deadline + Duration::from_secs(10),
+        worker.shutdown(deadline),
+    )
+    .await
+    .is_ok();
     let stop_time = stopping.elapsed();
-    row.check(stopped && stop_time <= deadline + Duration::from_secs(2), || {
-        format!(
-            "shutdown with a {} s deadline took {:.1} s{}",
-            deadline.as_secs(),
-            stop_time.as_secs_f64(),
-            if stopped { "" } else { " and never returned" }
-        )
-    });
+    row.check(
+        stopped && stop_time <= deadline + Duration::from_secs(2),
+        || {
+            format!(
+                "shutdown with a {} s deadline took {:.1} s{}",
+                deadline.as_secs(),
+                stop_time.as_secs_f64(),
+                if stopped { "" } else { " and never returned" }
+            )
+        },
+    );
     // Whatever is left runs on direct connections, so that the jobs can be checked.
     drop(proxy);
     if !drained {
@@ -118,7 +124,11 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     row.note(format!(
         "{frozen} connections frozen after {done_at_freeze} jobs; drained {} after {:.1} s; \
          shutdown took {:.1} s",
-        if drained { "" } else { "only on direct connections" },
+        if drained {
+            ""
+        } else {
+            "only on direct connections"
+        },
         drain_time.as_secs_f64(),
         stop_time.as_secs_f64()
     ));

@@ -115,7 +115,12 @@ async fn one(ctx: &Ctx, row: &mut Row, claim: Claim, group: usize) -> Result<()>
     row.check(stats.dead == POISON as u64, || {
         format!("{label}: the worker counted {} dead-letterings", stats.dead)
     });
-    row.inputs += deliveries.lock().unwrap().values().map(|&d| d as u64).sum::<u64>();
+    row.inputs += deliveries
+        .lock()
+        .unwrap()
+        .values()
+        .map(|&d| d as u64)
+        .sum::<u64>();
     drop(admin);
     drop(db);
     Ok(())

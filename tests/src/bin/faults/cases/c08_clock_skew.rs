@@ -23,15 +23,12 @@ const LIBRARIES: [&str; 2] = [
 
 pub async fn run(ctx: &Ctx) -> Result<Row> {
     let mut row = Row::new(8, NAME);
-    let Some(library) = std::env::var("INBOX_FAKETIME_LIB")
-        .ok()
-        .or_else(|| {
-            LIBRARIES
-                .iter()
-                .find(|path| std::path::Path::new(path).exists())
-                .map(|path| path.to_string())
-        })
-    else {
+    let Some(library) = std::env::var("INBOX_FAKETIME_LIB").ok().or_else(|| {
+        LIBRARIES
+            .iter()
+            .find(|path| std::path::Path::new(path).exists())
+            .map(|path| path.to_string())
+    }) else {
         row.failures
             .push("libfaketime is not installed (apt-get install faketime)".into());
         return Ok(row);
@@ -108,7 +105,10 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
         }
     }
     row.check(untouched == delayed as u64, || {
-        format!("{} of {delayed} delayed jobs were delivered early", delayed as u64 - untouched)
+        format!(
+            "{} of {delayed} delayed jobs were delivered early",
+            delayed as u64 - untouched
+        )
     });
     let tally = common::classify(expected.iter().copied(), &effects, &queued, Some(&started));
     row.add("", &tally);
@@ -143,7 +143,10 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
         format!("effects from {} skewed workers, 2 expected", skews.len())
     });
     row.inputs = started.len() as u64;
-    row.note(format!("{}; delayed jobs untouched: {untouched}", shown.join(", ")));
+    row.note(format!(
+        "{}; delayed jobs untouched: {untouched}",
+        shown.join(", ")
+    ));
     drop(admin);
     drop(db);
     Ok(row)

@@ -38,10 +38,7 @@ async fn scans(client: &Client) -> Result<(i64, i64)> {
 
 async fn size(client: &Client) -> Result<String> {
     Ok(client
-        .query_one(
-            "SELECT pg_size_pretty(pg_total_relation_size('jobs'))",
-            &[],
-        )
+        .query_one("SELECT pg_size_pretty(pg_total_relation_size('jobs'))", &[])
         .await?
         .get(0))
 }
@@ -90,7 +87,10 @@ async fn body(row: &mut Row, url: &str, hold: Duration, churn: i64, after: i64) 
         let (enqueued, target, stop) = (enqueued.clone(), target.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let (have, want) = (enqueued.load(Ordering::Relaxed), target.load(Ordering::Relaxed));
+                let (have, want) = (
+                    enqueued.load(Ordering::Relaxed),
+                    target.load(Ordering::Relaxed),
+                );
                 let finished = done(&client).await.unwrap_or(have);
                 if have < want && have - finished < 5_000 {
                     let next = (have + 1_000).min(want);
@@ -132,7 +132,9 @@ async fn body(row: &mut Row, url: &str, hold: Duration, churn: i64, after: i64) 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let churned = enqueued.load(Ordering::Relaxed);
     let finished = common::wait_drained(&admin, "jobs", Duration::from_secs(300)).await?;
-    row.check(finished, || "the churn did not drain after the snapshot ended".into());
+    row.check(finished, || {
+        "the churn did not drain after the snapshot ended".into()
+    });
     let recovering = Instant::now();
     let base = done(&admin).await?;
     target.store(churned + after, Ordering::Relaxed);
@@ -149,7 +151,9 @@ async fn body(row: &mut Row, url: &str, hold: Duration, churn: i64, after: i64) 
     stop.store(true, Ordering::Relaxed);
     producer.await?;
     worker.shutdown(Duration::from_secs(10)).await;
-    row.check(finished, || "the jobs after the snapshot did not drain".into());
+    row.check(finished, || {
+        "the jobs after the snapshot did not drain".into()
+    });
     let size_after = size(&admin).await?;
     let total = churned + after;
     row.jobs = total as u64;

@@ -124,7 +124,10 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
         }
         row.faults += failures;
         row.check(other.is_empty(), || {
-            format!("{level}: errors not marked retryable: {:?}", &other[..other.len().min(3)])
+            format!(
+                "{level}: errors not marked retryable: {:?}",
+                &other[..other.len().min(3)]
+            )
         });
         row.note(format!(
             "{level}: {rounds} keys x {CLAIMERS} claimers, {failures} retryable serialization failures"

@@ -185,8 +185,10 @@ async fn worker_drops(
                     tokio::time::sleep(Duration::from_secs(10)).await;
                 }
                 if job.attempt == 1 && job.payload == 3 {
-                    tx.execute(&Statement::new("INSERT INTO slow (n) VALUES ($1)").bind(job.payload))
-                        .await?;
+                    tx.execute(
+                        &Statement::new("INSERT INTO slow (n) VALUES ($1)").bind(job.payload),
+                    )
+                    .await?;
                 }
                 Ok(Outcome::ack())
             })
@@ -207,7 +209,9 @@ async fn worker_drops(
                 let there = match point {
                     "BEGIN" => proxy.begins_delayed() > 0,
                     "mid-handler" => started.load(Ordering::SeqCst),
-                    _ => pid_running_commit(admin, db.schema()).await.unwrap_or(false),
+                    _ => pid_running_commit(admin, db.schema())
+                        .await
+                        .unwrap_or(false),
                 };
                 if there {
                     break;
@@ -217,7 +221,9 @@ async fn worker_drops(
         })
         .await
         .is_ok();
-        row.check(reached, || format!("the worker's delivery never reached {point}"));
+        row.check(reached, || {
+            format!("the worker's delivery never reached {point}")
+        });
         worker.shutdown(Duration::from_millis(100)).await;
         proxy.delay_begin(Duration::ZERO);
         row.faults += 1;

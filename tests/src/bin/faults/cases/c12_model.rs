@@ -34,16 +34,40 @@ enum Token {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Enqueue { key: Option<u8>, delayed: bool },
-    EnqueueBatch { keys: Vec<Option<u8>> },
-    Lease { max: i32 },
-    Ack { job: usize, token: Token },
-    Retry { job: usize, token: Token, max_attempts: Option<i32> },
-    Dead { job: usize, token: Token },
-    Extend { job: usize, token: Token },
+    Enqueue {
+        key: Option<u8>,
+        delayed: bool,
+    },
+    EnqueueBatch {
+        keys: Vec<Option<u8>>,
+    },
+    Lease {
+        max: i32,
+    },
+    Ack {
+        job: usize,
+        token: Token,
+    },
+    Retry {
+        job: usize,
+        token: Token,
+        max_attempts: Option<i32>,
+    },
+    Dead {
+        job: usize,
+        token: Token,
+    },
+    Extend {
+        job: usize,
+        token: Token,
+    },
     Stats,
-    Claim { key: u8 },
-    Seen { key: u8 },
+    Claim {
+        key: u8,
+    },
+    Seen {
+        key: u8,
+    },
 }
 
 fn token() -> impl Strategy<Value = Token> {
@@ -133,7 +157,9 @@ impl Model {
     }
 
     fn key_queued(&self, key: &str) -> bool {
-        self.jobs.values().any(|job| job.key.as_deref() == Some(key))
+        self.jobs
+            .values()
+            .any(|job| job.key.as_deref() == Some(key))
     }
 
     fn add(&mut self, id: i64, key: Option<String>, state: State) {
@@ -174,7 +200,12 @@ async fn check_sequence(client: &Client, case: u64, ops: &[Op]) -> Result<(), Te
     result
 }
 
-async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result<(), TestCaseError> {
+async fn steps(
+    client: &Client,
+    queue: &str,
+    ledger: &str,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
     let mut model = Model::default();
     for (step, op) in ops.iter().enumerate() {
         let at = |what: String| fail(format!("step {step} {op:?}: {what}"));
@@ -231,7 +262,10 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                     }
                 }
                 if ids.len() != inserted.len() {
-                    return Err(at(format!("inserted {ids:?}, the model {}", inserted.len())));
+                    return Err(at(format!(
+                        "inserted {ids:?}, the model {}",
+                        inserted.len()
+                    )));
                 }
                 let seq = model.tick();
                 for (id, key) in ids.into_iter().zip(inserted) {
@@ -274,7 +308,10 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                 let id = model.pick(*job);
                 let token = model.token(id, *token);
                 let acked: bool = client
-                    .query_one("SELECT inbox_ack($1::text::regclass, $2::int8, $3::int8)", &[&queue, &id, &token])
+                    .query_one(
+                        "SELECT inbox_ack($1::text::regclass, $2::int8, $3::int8)",
+                        &[&queue, &id, &token],
+                    )
                     .await
                     .map_err(db_error)?
                     .get(0);
@@ -283,7 +320,9 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                     model.jobs.remove(&id);
                 }
                 if acked != want {
-                    return Err(at(format!("ack({id}, {token}) = {acked}, the model {want}")));
+                    return Err(at(format!(
+                        "ack({id}, {token}) = {acked}, the model {want}"
+                    )));
                 }
             }
             Op::Retry {
@@ -314,7 +353,9 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                     model.last_attempt.insert(id, job.attempt);
                 }
                 if retried != fence.is_some() {
-                    return Err(at(format!("retry({id}, {token}) = {retried}, the model {fence:?}")));
+                    return Err(at(format!(
+                        "retry({id}, {token}) = {retried}, the model {fence:?}"
+                    )));
                 }
             }
             Op::Dead { job, token } => {
@@ -336,7 +377,9 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                     model.last_attempt.insert(id, job.attempt);
                 }
                 if dead != fence.is_some() {
-                    return Err(at(format!("dead({id}, {token}) = {dead}, the model {fence:?}")));
+                    return Err(at(format!(
+                        "dead({id}, {token}) = {dead}, the model {fence:?}"
+                    )));
                 }
             }
             Op::Extend { job, token } => {
@@ -352,9 +395,14 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
                     .get(0);
                 let want = token > 0
                     && model.fence(id, token).is_some()
-                    && model.jobs.get(&id).is_some_and(|job| job.state == State::Leased);
+                    && model
+                        .jobs
+                        .get(&id)
+                        .is_some_and(|job| job.state == State::Leased);
                 if extended != want {
-                    return Err(at(format!("extend({id}, {token}) = {extended}, the model {want}")));
+                    return Err(at(format!(
+                        "extend({id}, {token}) = {extended}, the model {want}"
+                    )));
                 }
             }
             Op::Stats => {
@@ -382,7 +430,10 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
             Op::Claim { key } => {
                 let key = format!("e{key}");
                 let claimed: bool = client
-                    .query_one("SELECT inbox_claim($1::text::regclass, $2)", &[&ledger, &key])
+                    .query_one(
+                        "SELECT inbox_claim($1::text::regclass, $2)",
+                        &[&ledger, &key],
+                    )
                     .await
                     .map_err(db_error)?
                     .get(0);
@@ -394,7 +445,10 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
             Op::Seen { key } => {
                 let key = format!("e{key}");
                 let seen: bool = client
-                    .query_one("SELECT inbox_seen($1::text::regclass, $2)", &[&ledger, &key])
+                    .query_one(
+                        "SELECT inbox_seen($1::text::regclass, $2)",
+                        &[&ledger, &key],
+                    )
                     .await
                     .map_err(db_error)?
                     .get(0);
@@ -413,7 +467,10 @@ async fn steps(client: &Client, queue: &str, ledger: &str, ops: &[Op]) -> Result
         )
         .await
         .map_err(db_error)?;
-    let got: Vec<(i64, i32, bool)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let got: Vec<(i64, i32, bool)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
     let want: Vec<(i64, i32, bool)> = model
         .jobs
         .iter()
@@ -540,7 +597,10 @@ async fn faulty_run(ctx: &Ctx, row: &mut Row) -> Result<()> {
     let workers = [start(Claim::Lease, 1), start(Claim::Lock, 5)];
     let stop = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicU64::new(0));
-    let spared: i32 = admin.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    let spared: i32 = admin
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
     let killer = {
         let (client, stop, killed) = (db.client().await, stop.clone(), killed.clone());
         let app = db.schema().to_owned();
@@ -599,9 +659,14 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let (calls, failure) = model_test(&db, cases).await?;
     row.inputs = calls;
     row.check(failure.is_none(), || {
-        format!("the model disagrees: {}", failure.clone().unwrap_or_default())
+        format!(
+            "the model disagrees: {}",
+            failure.clone().unwrap_or_default()
+        )
     });
-    row.note(format!("model: {cases} sequences, {calls} SQL calls (shrinking included)"));
+    row.note(format!(
+        "model: {cases} sequences, {calls} SQL calls (shrinking included)"
+    ));
     drop(db);
     faulty_run(ctx, &mut row).await?;
     Ok(row)

@@ -45,56 +45,152 @@ use Nulls::{Allowed, Either, Refused};
 
 /// Each function of the API with good arguments: (SQL value, type, what a NULL there does), and
 /// the agreed API change it needs, if any.
-fn functions() -> Vec<(&'static str, Vec<(&'static str, &'static str, Nulls)>, Option<&'static str>)>
-{
+/// A function's name, its arguments and the agreed API change it needs.
+type Function = (&'static str, Vec<Argument>, Option<&'static str>);
+
+/// An argument: its SQL value, its type, and what a NULL there does.
+type Argument = (&'static str, &'static str, Nulls);
+
+fn functions() -> Vec<Function> {
     let q = ("'jobs'", "regclass", Refused);
     let l = ("'ledger'", "regclass", Refused);
     let id = ("999999", "int8", Refused);
     let token = ("1", "int8", Refused);
     vec![
-        ("inbox_create_queue", vec![("'made_q'", "text", Refused)], None),
-        ("inbox_create_ledger", vec![("'made_l'", "text", Refused)], None),
-        ("inbox_claim", vec![l, ("'k1'", "text", Refused), ("now()", "timestamptz", Refused)], None),
-        ("inbox_claim_or_fail", vec![l, ("'k2'", "text", Refused), ("now()", "timestamptz", Refused)], None),
+        (
+            "inbox_create_queue",
+            vec![("'made_q'", "text", Refused)],
+            None,
+        ),
+        (
+            "inbox_create_ledger",
+            vec![("'made_l'", "text", Refused)],
+            None,
+        ),
+        (
+            "inbox_claim",
+            vec![
+                l,
+                ("'k1'", "text", Refused),
+                ("now()", "timestamptz", Refused),
+            ],
+            None,
+        ),
+        (
+            "inbox_claim_or_fail",
+            vec![
+                l,
+                ("'k2'", "text", Refused),
+                ("now()", "timestamptz", Refused),
+            ],
+            None,
+        ),
         ("inbox_seen", vec![l, ("'k'", "text", Refused)], None),
-        ("inbox_purge", vec![l, ("now() - interval '1 day'", "timestamptz", Refused)], None),
+        (
+            "inbox_purge",
+            vec![l, ("now() - interval '1 day'", "timestamptz", Refused)],
+            None,
+        ),
         ("inbox_channel", vec![q], None),
         (
             "inbox_enqueue",
-            vec![q, ("'{}'", "jsonb", Refused), ("now()", "timestamptz", Either), ("'nk1'", "text", Allowed)],
+            vec![
+                q,
+                ("'{}'", "jsonb", Refused),
+                ("now()", "timestamptz", Either),
+                ("'nk1'", "text", Allowed),
+            ],
             None,
         ),
         (
             "inbox_enqueue_batch",
-            vec![q, ("ARRAY['{}']", "jsonb[]", Refused), ("now()", "timestamptz", Either), ("ARRAY['nk2']", "text[]", Allowed)],
+            vec![
+                q,
+                ("ARRAY['{}']", "jsonb[]", Refused),
+                ("now()", "timestamptz", Either),
+                ("ARRAY['nk2']", "text[]", Allowed),
+            ],
             None,
         ),
         (
             "inbox_enqueue_bytes",
-            vec![("'bjobs'", "regclass", Refused), ("'\\x00'", "bytea", Refused), ("now()", "timestamptz", Either), ("'nk3'", "text", Allowed)],
+            vec![
+                ("'bjobs'", "regclass", Refused),
+                ("'\\x00'", "bytea", Refused),
+                ("now()", "timestamptz", Either),
+                ("'nk3'", "text", Allowed),
+            ],
             Some("bytea variants renamed"),
         ),
         (
             "inbox_enqueue_batch_bytes",
-            vec![("'bjobs'", "regclass", Refused), ("ARRAY['\\x00'::bytea]", "bytea[]", Refused), ("now()", "timestamptz", Either), ("ARRAY['nk4']", "text[]", Allowed)],
+            vec![
+                ("'bjobs'", "regclass", Refused),
+                ("ARRAY['\\x00'::bytea]", "bytea[]", Refused),
+                ("now()", "timestamptz", Either),
+                ("ARRAY['nk4']", "text[]", Allowed),
+            ],
             Some("bytea variants renamed"),
         ),
-        ("inbox_lease", vec![("'empty'", "regclass", Refused), ("1", "int4", Either), ("'1 second'", "interval", Either)], None),
-        ("inbox_lock", vec![("'empty'", "regclass", Refused), ("1", "int4", Either)], None),
-        ("inbox_ack", vec![q, id, token], None),
-        ("inbox_ack", vec![q, ("ARRAY[999999]", "int8[]", Refused), ("ARRAY[1]", "int8[]", Refused)], None),
         (
-            "inbox_retry",
-            vec![q, id, token, ("'1 second'", "interval", Either), ("'e'", "text", Allowed), ("3", "int4", Allowed)],
+            "inbox_lease",
+            vec![
+                ("'empty'", "regclass", Refused),
+                ("1", "int4", Either),
+                ("'1 second'", "interval", Either),
+            ],
             None,
         ),
-        ("inbox_dead", vec![q, id, token, ("'r'", "text", Either)], None),
-        ("inbox_extend", vec![q, id, token, ("'1 second'", "interval", Either)], None),
+        (
+            "inbox_lock",
+            vec![("'empty'", "regclass", Refused), ("1", "int4", Either)],
+            None,
+        ),
+        ("inbox_ack", vec![q, id, token], None),
+        (
+            "inbox_ack",
+            vec![
+                q,
+                ("ARRAY[999999]", "int8[]", Refused),
+                ("ARRAY[1]", "int8[]", Refused),
+            ],
+            None,
+        ),
+        (
+            "inbox_retry",
+            vec![
+                q,
+                id,
+                token,
+                ("'1 second'", "interval", Either),
+                ("'e'", "text", Allowed),
+                ("3", "int4", Allowed),
+            ],
+            None,
+        ),
+        (
+            "inbox_dead",
+            vec![q, id, token, ("'r'", "text", Either)],
+            None,
+        ),
+        (
+            "inbox_extend",
+            vec![q, id, token, ("'1 second'", "interval", Either)],
+            None,
+        ),
         ("inbox_stats", vec![q], None),
         ("inbox_requeue", vec![q, id], Some("dead-letter functions")),
-        ("inbox_requeue_dead", vec![q, ("10", "int4", Allowed)], Some("dead-letter functions")),
+        (
+            "inbox_requeue_dead",
+            vec![q, ("10", "int4", Allowed)],
+            Some("dead-letter functions"),
+        ),
         ("inbox_discard", vec![q, id], Some("dead-letter functions")),
-        ("inbox_dead_jobs", vec![q, ("10", "int4", Either)], Some("dead-letter functions")),
+        (
+            "inbox_dead_jobs",
+            vec![q, ("10", "int4", Either)],
+            Some("dead-letter functions"),
+        ),
     ]
 }
 
@@ -120,7 +216,11 @@ fn null_probes() -> Vec<(String, Expect, Option<&'static str>)> {
                 Either => OkOr(NULL),
             };
             let _ = ty;
-            probes.push((format!("SELECT * FROM {name}({})", list.join(", ")), expect, needs));
+            probes.push((
+                format!("SELECT * FROM {name}({})", list.join(", ")),
+                expect,
+                needs,
+            ));
         }
     }
     for (arg, ty) in [("priority", "int4"), ("group_key", "text")] {
@@ -282,8 +382,13 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let db = TestDb::at(&ctx.url).await;
     let client = db.client().await;
     client.batch_execute(SETUP).await?;
-    client.batch_execute("SET statement_timeout = '120s'").await?;
-    let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+    client
+        .batch_execute("SET statement_timeout = '120s'")
+        .await?;
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
     let mut waiting = Vec::new();
     for (sql, expect, needs) in probes() {
         row.inputs += 1;
@@ -294,7 +399,9 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
             (Ok(rows), Works | OkOr(_)) => {
                 // A probe that checks a round trip returns NULL when the payload changed.
                 let intact = rows.iter().all(|r| {
-                    r.columns().first().is_none_or(|c| c.type_() != &tokio_postgres::types::Type::BOOL)
+                    r.columns()
+                        .first()
+                        .is_none_or(|c| c.type_() != &tokio_postgres::types::Type::BOOL)
                         || r.try_get::<_, Option<bool>>(0).ok().flatten().is_some()
                 });
                 if !intact {
@@ -320,7 +427,8 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
             .map(|r| r.get::<_, i32>(0) == pid)
             .unwrap_or(false);
         if !alive {
-            row.failures.push(format!("{sql}: the backend did not survive"));
+            row.failures
+                .push(format!("{sql}: the backend did not survive"));
             break;
         }
         if let Some(wrong) = wrong {

@@ -65,7 +65,8 @@ async fn works(row: &mut Row, client: &Client, what: &str, sql: &str) -> Vec<tok
     match client.query(sql, &[]).await {
         Ok(rows) => rows,
         Err(e) => {
-            row.failures.push(format!("{what}: {sql}: {}", describe(&e)));
+            row.failures
+                .push(format!("{what}: {sql}: {}", describe(&e)));
             Vec::new()
         }
     }
@@ -97,18 +98,26 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
     // Temporary tables named like the real ones, and like the catalogs the extension reads.
     let shadowed = variant == 2;
     if shadowed {
-    client
+        client
         .batch_execute(&format!(
             "CREATE TEMP TABLE {q} (id bigint, attempt int, locked_until timestamptz, payload jsonb, \
              key text, last_error text, leased_at timestamptz); \
              CREATE TEMP TABLE {l} (event_key text PRIMARY KEY, seen_at timestamptz)"
         ))
         .await?;
-    for catalog in ["pg_class", "pg_attribute", "pg_index", "pg_namespace", "pg_type"] {
-        let _ = client
-            .batch_execute(&format!("CREATE TEMP TABLE {catalog} (oid oid, relname name)"))
-            .await;
-    }
+        for catalog in [
+            "pg_class",
+            "pg_attribute",
+            "pg_index",
+            "pg_namespace",
+            "pg_type",
+        ] {
+            let _ = client
+                .batch_execute(&format!(
+                    "CREATE TEMP TABLE {catalog} (oid oid, relname name)"
+                ))
+                .await;
+        }
     }
     client
         .batch_execute(&format!("SET search_path = {path}"))
@@ -151,7 +160,13 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
         format!("{what}: leased {} of the 4 due jobs", jobs.len())
     });
     for (i, (id, token)) in jobs.iter().enumerate() {
-        works(row, &client, &what, &format!("SELECT inbox_extend({pq}, {id}, {token}, '1 minute')")).await;
+        works(
+            row,
+            &client,
+            &what,
+            &format!("SELECT inbox_extend({pq}, {id}, {token}, '1 minute')"),
+        )
+        .await;
         let settle = match i {
             0 => format!("SELECT inbox_ack({pq}, {id}, {token})"),
             1 => format!("SELECT inbox_retry({pq}, {id}, {token}, '0 seconds', 'again', 5)"),
@@ -161,13 +176,20 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
         let settled = works(row, &client, &what, &settle).await;
         row.check(
             settled.first().is_some_and(|r| {
-                r.try_get::<_, bool>(0).unwrap_or_else(|_| r.get::<_, i64>(0) == 1)
+                r.try_get::<_, bool>(0)
+                    .unwrap_or_else(|_| r.get::<_, i64>(0) == 1)
             }),
             || format!("{what}: {settle} was refused"),
         );
     }
     client.batch_execute("BEGIN").await?;
-    works(row, &client, &what, &format!("SELECT * FROM inbox_lock({pq}, 2)")).await;
+    works(
+        row,
+        &client,
+        &what,
+        &format!("SELECT * FROM inbox_lock({pq}, 2)"),
+    )
+    .await;
     client.batch_execute("ROLLBACK").await?;
     let hijacked: Vec<String> = client
         .query("SELECT DISTINCT what FROM public.hijacked", &[])
@@ -179,9 +201,17 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
     row.check(hijacked.is_empty(), || {
         format!("{what}: hostile objects ran: {hijacked:?}")
     });
-    let real = one_i64(&client, &format!("SELECT pg_catalog.count(*) FROM public.{q}")).await?;
+    let real = one_i64(
+        &client,
+        &format!("SELECT pg_catalog.count(*) FROM public.{q}"),
+    )
+    .await?;
     let shadow = if shadowed {
-        one_i64(&client, &format!("SELECT pg_catalog.count(*) FROM pg_temp.{q}")).await?
+        one_i64(
+            &client,
+            &format!("SELECT pg_catalog.count(*) FROM pg_temp.{q}"),
+        )
+        .await?
     } else {
         0
     };
@@ -239,9 +269,10 @@ async fn definitions(row: &mut Row, client: &Client) -> Result<()> {
         row.inputs += 1;
         row.check(!definer, || format!("{name} is SECURITY DEFINER"));
         let creates = name.starts_with("inbox_create_");
-        row.check(creates || config.contains("search_path=pg_catalog, pg_temp"), || {
-            format!("{name} does not pin its search_path ({config:?})")
-        });
+        row.check(
+            creates || config.contains("search_path=pg_catalog, pg_temp"),
+            || format!("{name} does not pin its search_path ({config:?})"),
+        );
     }
     Ok(())
 }
@@ -276,7 +307,9 @@ async fn privileges(row: &mut Row, client: &Client, roles: &Roles) -> Result<()>
     ] {
         refused(row, client, "a role without privileges", sql, denied).await;
     }
-    client.batch_execute(&format!("RESET ROLE; SET ROLE {read}")).await?;
+    client
+        .batch_execute(&format!("RESET ROLE; SET ROLE {read}"))
+        .await?;
     for sql in [
         "SELECT inbox_enqueue('public.pq', '{}'::jsonb)",
         "SELECT * FROM inbox_lease('public.pq', 1)",
@@ -323,14 +356,26 @@ async fn row_security(row: &mut Row, client: &Client, roles: &Roles) -> Result<(
              SELECT * FROM inbox_stats('public.tq')"
         ))
         .await?;
-    let b_job = one_i64(client, "SELECT min(id) FROM public.tq WHERE payload->>'tenant' = 'b'").await?;
+    let b_job = one_i64(
+        client,
+        "SELECT min(id) FROM public.tq WHERE payload->>'tenant' = 'b'",
+    )
+    .await?;
     client
         .batch_execute(&format!("SET ROLE {app}; SET app.tenant = 'a'"))
         .await?;
     let what = "row-level security";
-    let stats = works(row, client, what, "SELECT ready FROM inbox_stats('public.tq')").await;
+    let stats = works(
+        row,
+        client,
+        what,
+        "SELECT ready FROM inbox_stats('public.tq')",
+    )
+    .await;
     let ready: i64 = stats.first().map_or(-1, |r| r.get(0));
-    row.check(ready == 3, || format!("{what}: stats show {ready} ready jobs, the role sees 3"));
+    row.check(ready == 3, || {
+        format!("{what}: stats show {ready} ready jobs, the role sees 3")
+    });
     let leased = works(
         row,
         client,
@@ -339,10 +384,17 @@ async fn row_security(row: &mut Row, client: &Client, roles: &Roles) -> Result<(
     )
     .await;
     let tenants: Vec<String> = leased.iter().map(|r| r.get(0)).collect();
-    row.check(tenants.len() == 3 && tenants.iter().all(|t| t == "a"), || {
-        format!("{what}: the role leased {tenants:?}")
-    });
-    let acked = works(row, client, what, &format!("SELECT inbox_ack('public.tq', {b_job}, 0)")).await;
+    row.check(
+        tenants.len() == 3 && tenants.iter().all(|t| t == "a"),
+        || format!("{what}: the role leased {tenants:?}"),
+    );
+    let acked = works(
+        row,
+        client,
+        what,
+        &format!("SELECT inbox_ack('public.tq', {b_job}, 0)"),
+    )
+    .await;
     row.check(acked.first().is_some_and(|r| !r.get::<_, bool>(0)), || {
         format!("{what}: the role acked another tenant's job")
     });
@@ -354,7 +406,13 @@ async fn row_security(row: &mut Row, client: &Client, roles: &Roles) -> Result<(
         "42501",
     )
     .await;
-    works(row, client, what, "SELECT inbox_enqueue('public.tq', '{\"tenant\": \"a\"}'::jsonb)").await;
+    works(
+        row,
+        client,
+        what,
+        "SELECT inbox_enqueue('public.tq', '{\"tenant\": \"a\"}'::jsonb)",
+    )
+    .await;
     client.batch_execute("RESET ROLE; RESET app.tenant").await?;
     let untouched = one_i64(
         client,
