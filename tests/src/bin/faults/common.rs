@@ -177,8 +177,10 @@ impl Row {
         };
         self.check(tally.lost.is_empty(), || {
             format!(
-                "{prefix}{} jobs lost or stuck, e.g. {:?}",
+                "{prefix}{} jobs lost ({} stuck in the queue, {} gone without their effect), e.g. {:?}",
                 tally.lost.len(),
+                tally.stuck,
+                tally.lost.len() - tally.stuck,
                 sample(&tally.lost)
             )
         });
@@ -418,6 +420,8 @@ pub struct Tally {
     pub dead: u64,
     /// Acked without an effect, or neither acked nor dead-lettered (stuck in the queue).
     pub lost: Vec<i64>,
+    /// How many of the lost jobs are still in the queue (ready, delayed or leased).
+    pub stuck: usize,
     /// More than one effect committed.
     pub doubled: Vec<i64>,
     /// Anything the history cannot explain: an effect of a job never enqueued, of a dead job, or
@@ -464,7 +468,11 @@ pub fn classify(
         let count = effects.get(&n).map_or(0, Vec::len);
         match (count, queued.get(&n)) {
             (0, Some(job)) if job.dead => tally.dead += 1,
-            (0, _) => tally.lost.push(n),
+            (0, Some(_)) => {
+                tally.stuck += 1;
+                tally.lost.push(n);
+            }
+            (0, None) => tally.lost.push(n),
             (1, None) => tally.acked += 1,
             (1, Some(job)) if job.dead => tally
                 .unexpected

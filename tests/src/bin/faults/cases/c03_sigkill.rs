@@ -42,6 +42,19 @@ async fn one(
     let admin = db.client().await;
     setup(&admin, "jobs").await?;
     admin.batch_execute(DELIVERIES).await?;
+    // Job 0 has already been leased max_attempts times by workers that died (leases of 1 ms):
+    // its next delivery would be one too many, so it must be dead-lettered, not run.
+    let exhausted = claim == "lease";
+    if exhausted {
+        enqueue_range(&admin, "jobs", 0, 0).await?;
+        for _ in 0..MAX_ATTEMPTS {
+            admin
+                .batch_execute("SELECT * FROM inbox_lease('jobs', 1, '1 millisecond')")
+                .await?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        row.jobs += 1;
+    }
     row.jobs += enqueue_range(&admin, "jobs", 1, jobs).await?;
     let args: Vec<String> = [
         ("--url", db.url().to_owned()),
@@ -83,7 +96,20 @@ async fn one(
     last.wait().await?;
     row.check(finished, || format!("{label}: the queue did not drain"));
     let started = common::started(&admin).await?;
-    let tally = common::tally(&admin, "jobs", 1..=jobs, Some(&started)).await?;
+    let first = if exhausted { 0 } else { 1 };
+    let tally = common::tally(&admin, "jobs", first..=jobs, Some(&started)).await?;
+    if exhausted {
+        let runs: i64 = admin
+            .query_one("SELECT count(*) FROM deliveries WHERE n = 0", &[])
+            .await?
+            .get(0);
+        row.check(runs == 0, || {
+            format!(
+                "{label}: a job leased {MAX_ATTEMPTS} times already (max_attempts {MAX_ATTEMPTS}) \
+                 was delivered {runs} more times instead of being dead-lettered"
+            )
+        });
+    }
     row.add(&label, &tally);
     let over: i64 = admin
         .query_one(

@@ -524,7 +524,10 @@ fn checker_catches_tampering() -> bool {
     )]
     .into();
     let tally = classify(expected, &effects, &queued, Some(&started));
-    tally.lost == vec![1, 4] && tally.doubled == vec![2] && tally.unexpected.len() == 1
+    tally.lost == vec![1, 4]
+        && tally.stuck == 1
+        && tally.doubled == vec![2]
+        && tally.unexpected.len() == 1
 }
 
 fn faulty_handler(
