@@ -184,6 +184,10 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let tally = common::tally(&admin, "jobs", 1..=jobs, None).await?;
     row.add("", &tally);
     let acked: u64 = stats.iter().map(|s| s.acked).sum();
+    row.inputs = stats
+        .iter()
+        .map(|s| s.acked + s.retried + s.dead + s.lost)
+        .sum();
     row.check(acked <= jobs as u64, || {
         format!("the workers counted {acked} acks for {jobs} jobs")
     });

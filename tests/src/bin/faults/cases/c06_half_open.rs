@@ -119,6 +119,7 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
             .run_until_idle()
             .await?;
     }
+    row.inputs = done().await? as u64;
     let tally = common::tally(&admin, "jobs", 1..=jobs, None).await?;
     row.add("", &tally);
     row.note(format!(

@@ -157,6 +157,7 @@ async fn body(row: &mut Row, url: &str, hold: Duration, churn: i64, after: i64) 
     let size_after = size(&admin).await?;
     let total = churned + after;
     row.jobs = total as u64;
+    row.inputs = done(&admin).await? as u64;
     let tally = common::tally(&admin, "jobs", 1..=total, None).await?;
     row.add("", &tally);
     row.check(
