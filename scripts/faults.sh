@@ -62,8 +62,12 @@ cargo build --profile ci -p inbox-tests --bin faults
 
 banner "fault suite (against $url)"
 mkdir -p target/faults
+# The throwaway clusters of the cases go here, so that an interrupted run leaves none running.
+faults_tmp="$(mktemp -d /tmp/inbox-faults.XXXXXX)"
+chmod 755 "$faults_tmp"
+on_exit "for dir in '$faults_tmp'/*/; do [[ -d \$dir ]] && remove_pg_dir \$dir; done; rm -rf '$faults_tmp'"
 status=0
-INBOX_TEST_DATABASE_URL="$url" INBOX_PG_CONFIG="$PG_CONFIG" \
+INBOX_FAULTS_TMP="$faults_tmp" INBOX_TEST_DATABASE_URL="$url" INBOX_PG_CONFIG="$PG_CONFIG" \
   target/ci/faults "${args[@]}" --markdown target/faults/latest.md || status=$?
 
 if ((docs)) && [[ -f target/faults/latest.md ]]; then

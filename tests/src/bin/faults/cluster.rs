@@ -56,8 +56,11 @@ async fn run(mut command: Command, what: &str) -> Result<()> {
 impl Cluster {
     /// initdb's a new cluster in a fresh directory under /tmp and starts it.
     pub async fn create(pg_bin: &Path) -> Result<Self> {
+        // Under the directory scripts/faults.sh removes when it exits, if it gave one.
+        let base = std::env::var("INBOX_FAULTS_TMP").unwrap_or_else(|_| "/tmp".to_owned());
         let out = Command::new("mktemp")
-            .args(["-d", "/tmp/inbox-faults-pg.XXXXXX"])
+            .arg("-d")
+            .arg(format!("{base}/inbox-faults-pg.XXXXXX"))
             .output()
             .await?;
         let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());

@@ -82,6 +82,36 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     row.check(finished, || {
         "the queue did not drain after the restarts".into()
     });
+    if !finished {
+        // What the worker's connections are doing, for the report.
+        let activity = admin
+            .query(
+                "SELECT coalesce(state, '?'), left(coalesce(query, ''), 50), count(*)::int8 \
+                 FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid() \
+                 GROUP BY 1, 2",
+                &[&db.schema()],
+            )
+            .await?;
+        let shown: Vec<String> = activity
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} x {} {:?}",
+                    r.get::<_, i64>(2),
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1)
+                )
+            })
+            .collect();
+        let stats = worker.stats();
+        row.note(format!(
+            "after the restarts: worker connections [{}]; worker counted {} acks, {} retries, {} failed",
+            shown.join("; "),
+            stats.acked,
+            stats.retried,
+            stats.failed
+        ));
+    }
     // Only NOTIFY can wake the idle worker within the minute: it must have LISTENed again.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let probe = jobs + 1;
