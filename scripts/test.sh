@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: rustfmt, clippy, the extension's #[pg_test]s (cargo pgrx test), then the
-# workspace's integration tests (the `inbox` CLI's included) and the Python and Node examples
-# against a fresh database with the extension installed.
+# workspace's integration tests (the `inbox` CLI's included), the Python and Node examples, the
+# upgrade from the previous release, then the fault suite (scripts/faults.sh), against a fresh
+# database with the extension installed.
 # Works from any directory; run as root (Postgres runs as user postgres).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -48,5 +49,8 @@ DATABASE_URL="$url" examples/run.sh
 
 banner "the upgrade from the previous release (scripts/upgrade-test.sh)"
 ./scripts/upgrade-test.sh "$INBOX_PG_URL"
+
+banner "the fault suite (scripts/faults.sh, docs/reliability.md)"
+./scripts/faults.sh --no-install
 
 banner "all tests passed"

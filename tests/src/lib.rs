@@ -48,6 +48,15 @@ impl TestDb {
     /// which URL was tried and how to set it up).
     pub async fn new() -> Self {
         let url = std::env::var(URL_VAR).unwrap_or_else(|_| DEFAULT_URL.to_owned());
+        Self::at(&url).await
+    }
+
+    /// As [`new`](Self::new), in the database at `url` (a server of the test's own, say).
+    ///
+    /// # Panics
+    /// As [`new`](Self::new).
+    pub async fn at(url: &str) -> Self {
+        let url = url.to_owned();
         let schema = unique_schema_name();
         let mut config: tokio_postgres::Config = url
             .parse()
