@@ -263,6 +263,17 @@ impl Shared {
         }
     }
 
+    /// Why a delivery must not run its handler: its attempt is past `max_attempts` (earlier
+    /// deliveries were counted but never settled, e.g. their worker was killed). It is then
+    /// dead-lettered without running.
+    fn past_max_attempts(&self, attempt: i32) -> Option<String> {
+        self.settings
+            .retry
+            .max_attempts
+            .filter(|&max| attempt > max)
+            .map(|max| format!("attempt {attempt} is past max_attempts ({max}); not run"))
+    }
+
     fn decode<T: DeserializeOwned>(&self, payload: &[u8]) -> Result<T, String> {
         serde_json::from_slice(payload).map_err(|e| format!("payload does not decode: {e}"))
     }

@@ -245,7 +245,11 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     job: Taken,
 ) -> Finished {
     let mut tally = WorkerStats::default();
-    let outcome = match shared.decode::<T>(&job.payload) {
+    let decoded = match shared.past_max_attempts(job.attempt) {
+        Some(reason) => Err(reason),
+        None => shared.decode::<T>(&job.payload),
+    };
+    let outcome = match decoded {
         Ok(payload) => {
             let (outcome, failed) = run_handler(handler.handle(Job {
                 id: job.id,

@@ -383,6 +383,14 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     conn: &SlotConnection,
     job: &Taken,
 ) -> Delivered {
+    if let Some(reason) = shared.past_max_attempts(job.attempt) {
+        tracing::warn!(%reason, "dead-lettering a job whose attempts are spent");
+        return Delivered::Failed {
+            outcome: Outcome::Dead { reason },
+            failed: false,
+            wrote: false,
+        };
+    }
     let payload = match shared.decode::<T>(&job.payload) {
         Ok(payload) => payload,
         Err(reason) => {

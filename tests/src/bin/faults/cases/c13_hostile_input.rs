@@ -148,7 +148,7 @@ fn functions() -> Vec<Function> {
         ),
         ("inbox_ack", vec![q, id, token], None),
         (
-            "inbox_ack",
+            "inbox_ack_batch",
             vec![
                 q,
                 ("ARRAY[999999]", "int8[]", Refused),
@@ -285,9 +285,9 @@ fn probes() -> Vec<(String, Expect, Option<&'static str>)> {
         ("SELECT * FROM inbox_enqueue_batch('jobs', ARRAY[['{}'], ['{}']]::jsonb[])", OkOr(&["2202E", "22023"]), None),
         ("SELECT * FROM inbox_enqueue_batch('jobs', '{}'::jsonb[])", Works, None),
         ("SELECT * FROM inbox_enqueue_batch('jobs', ARRAY['{}', '{}']::jsonb[], group_keys => ARRAY['g'])", Error(LENGTHS), Some("priorities and groups")),
-        ("SELECT inbox_ack('jobs', ARRAY[1, 2]::int8[], ARRAY[1]::int8[])", Error(LENGTHS), None),
-        ("SELECT inbox_ack('jobs', ARRAY[1]::int8[], ARRAY[1, 2]::int8[])", Error(LENGTHS), None),
-        ("SELECT inbox_ack('jobs', ARRAY[NULL]::int8[], ARRAY[1]::int8[])", OkOr(NULL), None),
+        ("SELECT inbox_ack_batch('jobs', ARRAY[1, 2]::int8[], ARRAY[1]::int8[])", Error(LENGTHS), None),
+        ("SELECT inbox_ack_batch('jobs', ARRAY[1]::int8[], ARRAY[1, 2]::int8[])", Error(LENGTHS), None),
+        ("SELECT inbox_ack_batch('jobs', ARRAY[NULL]::int8[], ARRAY[1]::int8[])", OkOr(NULL), None),
         ("SELECT * FROM inbox_enqueue_batch_bytes('bjobs', ARRAY['\\x00'::bytea, NULL])", Error(NULL), Some("bytea variants renamed")),
         // Counts and intervals.
         ("SELECT * FROM inbox_lease('empty', 0)", Error(RANGE), None),

@@ -171,7 +171,9 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
             0 => format!("SELECT inbox_ack({pq}, {id}, {token})"),
             1 => format!("SELECT inbox_retry({pq}, {id}, {token}, '0 seconds', 'again', 5)"),
             2 => format!("SELECT inbox_dead({pq}, {id}, {token}, 'dead')"),
-            _ => format!("SELECT inbox_ack({pq}, ARRAY[{id}]::int8[], ARRAY[{token}]::int8[])"),
+            _ => {
+                format!("SELECT inbox_ack_batch({pq}, ARRAY[{id}]::int8[], ARRAY[{token}]::int8[])")
+            }
         };
         let settled = works(row, &client, &what, &settle).await;
         row.check(
