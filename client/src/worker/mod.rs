@@ -458,7 +458,13 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             loop {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let client = handle.shared.db.pool().get().await?;
-                if calls::is_idle(&client, &handle.shared.queue).await? {
+                if calls::is_idle(
+                    &client,
+                    handle.shared.db.statement_mode(),
+                    &handle.shared.queue,
+                )
+                .await?
+                {
                     return Ok::<(), DbError>(());
                 }
             }
@@ -515,6 +521,7 @@ async fn release_abandoned(shared: &Shared) {
     for job in abandoned {
         let released = calls::retry(
             &client,
+            shared.db.statement_mode(),
             &shared.queue,
             job,
             Duration::ZERO,
@@ -532,7 +539,7 @@ async fn release_abandoned(shared: &Shared) {
 /// `tally`; `false` when the token was no longer the job's.
 async fn settle_failure(
     shared: &Shared,
-    client: &impl deadpool_postgres::GenericClient,
+    client: &deadpool_postgres::Object,
     job: &calls::Taken,
     outcome: Outcome,
     tally: &mut WorkerStats,
@@ -541,7 +548,8 @@ async fn settle_failure(
     match outcome {
         Outcome::Ack => Ok(true),
         Outcome::Dead { reason } => {
-            let applied = calls::dead(client, &shared.queue, fence, &reason).await?;
+            let statements = shared.db.statement_mode();
+            let applied = calls::dead(client, statements, &shared.queue, fence, &reason).await?;
             tally.dead += u64::from(applied);
             Ok(applied)
         }
@@ -550,6 +558,7 @@ async fn settle_failure(
             let delay = after.unwrap_or_else(|| policy.delay(job.attempt));
             let applied = calls::retry(
                 client,
+                shared.db.statement_mode(),
                 &shared.queue,
                 fence,
                 delay,
