@@ -550,10 +550,7 @@ impl Group {
             client.batch_execute(&conn.begins.commit_begin),
             conn.query(Call::Fence, &rest)
         );
-        if let Err(error) = acked
-            .map_err(DbError::from)
-            .and(committed.map_err(DbError::from))
-        {
+        if let Err(error) = acked.and(committed.map_err(DbError::from)) {
             return self.recover(shared, conn, error).await;
         }
         self.committed(shared);
@@ -591,12 +588,7 @@ impl Group {
         let ack = conn.query(Call::AckAll, &params);
         let (settled, next) = if stopping {
             let (acked, committed) = tokio::join!(ack, client.batch_execute(sql::COMMIT));
-            (
-                acked
-                    .map_err(DbError::from)
-                    .and(committed.map_err(DbError::from)),
-                Ok(Vec::new()),
-            )
+            (acked.and(committed.map_err(DbError::from)), Ok(Vec::new()))
         } else {
             match shared.settings.claim {
                 // The next lease commits with this group.
@@ -608,7 +600,7 @@ impl Group {
                     );
                     // An error of the ack comes first: it aborted the transaction, and with it the
                     // lease and the commit.
-                    match (acked.map_err(DbError::from), next) {
+                    match (acked, next) {
                         (Ok(_), Ok(next)) => (committed.map_err(DbError::from).map(drop), Ok(next)),
                         (Err(error), _) | (Ok(_), Err(error)) => (Err(error), Ok(Vec::new())),
                     }
@@ -620,12 +612,7 @@ impl Group {
                         client.batch_execute(&conn.begins.commit_begin),
                         take_query(shared, conn, size.current)
                     );
-                    (
-                        acked
-                            .map_err(DbError::from)
-                            .and(committed.map_err(DbError::from)),
-                        next,
-                    )
+                    (acked.and(committed.map_err(DbError::from)), next)
                 }
             }
         };
