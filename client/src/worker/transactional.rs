@@ -409,7 +409,8 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
             };
         }
     };
-    let port = PgTransaction::in_transaction(conn.client());
+    let port = PgTransaction::in_transaction(conn.client())
+        .with_statement_mode(shared.db.statement_mode());
     let result = catch_handler(handler.handle(
         Job {
             id: job.id,
