@@ -20,6 +20,13 @@ type Param<'a> = &'a (dyn ToSql + Sync);
 ///   pooler in transaction mode that does not track prepared statements (pgbouncer before 1.21,
 ///   or with `max_prepared_statements = 0`): there the next transaction may run on another server
 ///   connection, where a named statement does not exist (`26000`).
+///
+/// In unnamed mode a parameter without a cast is sent as its value's own type (`I64` as
+/// `bigint`, `Text` as `text`, `Timestamp` as `timestamptz`, `Json` as `jsonb`; `Null` is left
+/// for the server to infer), and the server converts it as it would a typed literal: cast the
+/// parameter in the SQL where that is not what the column wants (`$1::timestamp` for a
+/// `timestamp` column, which would otherwise be converted in the session's time zone). An empty
+/// result has no column names ([`Rows::columns`](crate::Rows::columns) is empty).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StatementMode {
     /// Named statements, prepared once per connection.
