@@ -34,7 +34,8 @@ as_postgres() { (cd / && sudo -u postgres -- "$@"); }
 
 ensure_toolchain() {
   local pkg missing=()
-  for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo; do
+  # pgbouncer: the connection pooler tests start one in transaction mode (they fail without it).
+  for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo pgbouncer; do
     dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
   done
   if ((${#missing[@]})); then

@@ -18,6 +18,17 @@
 //!
 //! The client holds no SQL of the extension's tables: it calls the extension's functions only.
 //!
+//! # Connection poolers
+//!
+//! Through a pooler in transaction mode (pgbouncer's `pool_mode = transaction`), build the port
+//! with [`PgDatabase::connect_through_pooler`] or [`PgDatabase::behind_pooler`]: statements are
+//! then sent unnamed ([`StatementMode::Unnamed`]: parameters typed explicitly, no named prepared
+//! statement, which pgbouncer before 1.21 loses between transactions), and workers wake through a
+//! LISTEN connection to the server given directly, or else poll (losing nothing but wake-up
+//! latency). The worker sets its timeouts per transaction in every mode, so no session setting
+//! leaks to the pooler's next client. With pgbouncer 1.21+ and `max_prepared_statements` set, the
+//! default [`StatementMode::Prepared`] works through it too. See `docs/guide.md`.
+//!
 //! # Example
 //!
 //! With `DATABASE_URL` pointing at a database where `CREATE EXTENSION inbox` was run:
@@ -62,6 +73,7 @@ mod clock;
 mod database;
 mod error;
 mod inbox;
+mod mode;
 mod pg;
 mod queue;
 mod rows;
@@ -75,6 +87,7 @@ pub use clock::{format_rfc3339, Clock, ManualClock, SystemClock};
 pub use database::Database;
 pub use error::{DbError, ErrorKind};
 pub use inbox::Inbox;
+pub use mode::StatementMode;
 pub use pg::{PgDatabase, DATABASE_URL};
 pub use queue::{BatchOptions, DeadJob, EnqueueOptions, Queue, QueueStats};
 pub use rows::{FromValue, Row, Rows};

@@ -9,6 +9,7 @@ use tokio_postgres::{GenericClient, NoTls};
 
 use crate::database::Database;
 use crate::error::{DbError, ErrorKind};
+use crate::mode::{self, StatementMode};
 use crate::rows::Rows;
 use crate::statement::Statement;
 use crate::tx::PgTransaction;
@@ -18,20 +19,39 @@ pub const DATABASE_URL: &str = "DATABASE_URL";
 
 /// The [`Database`] port over a connection pool: each call takes a pooled connection, and
 /// [`batch_atomic`](Database::batch_atomic) runs its statements in one transaction on one
-/// connection. Statements are prepared once per connection and cached.
+/// connection. Statements are prepared once per connection and cached, unless the port is
+/// [`behind_pooler`](Self::behind_pooler) (or given [`StatementMode::Unnamed`]).
 ///
 /// Cloning is cheap and shares the pool.
+///
+/// # Connection poolers
+/// Behind a pooler in transaction mode (pgbouncer's `pool_mode = transaction`), consecutive
+/// transactions of one pooled connection may run on different server connections, so nothing
+/// may rely on session state: build the port with [`connect_through_pooler`](Self::connect_through_pooler)
+/// or [`behind_pooler`](Self::behind_pooler). Its statements are then sent unnamed (no named
+/// prepared statement), and a worker wakes on enqueues through a LISTEN connection opened with
+/// the direct connection settings given, or else polls (LISTEN through the pooler would lose
+/// notifications). The worker sets its timeouts per transaction in either mode.
 #[derive(Clone)]
 pub struct PgDatabase {
     pool: Pool,
-    /// The connection settings, when known: a worker opens its LISTEN connection with them.
+    /// The connection settings, when known.
     config: Option<tokio_postgres::Config>,
+    /// The settings a worker opens its LISTEN connection with; `None`: it polls.
+    listen: Option<tokio_postgres::Config>,
+    mode: StatementMode,
 }
 
 impl PgDatabase {
-    /// The port over an existing pool (the way to use TLS, a custom size or timeouts).
+    /// The port over an existing pool (the way to use TLS, a custom size or timeouts). A worker
+    /// on it polls, unless [`with_listen_config`](Self::with_listen_config) is given.
     pub fn from_pool(pool: Pool) -> Self {
-        Self { pool, config: None }
+        Self {
+            pool,
+            config: None,
+            listen: None,
+            mode: StatementMode::Prepared,
+        }
     }
 
     /// The port over an existing pool whose connections use `config`; a worker built on it can
@@ -39,8 +59,68 @@ impl PgDatabase {
     pub fn from_pool_and_config(pool: Pool, config: tokio_postgres::Config) -> Self {
         Self {
             pool,
+            listen: Some(config.clone()),
             config: Some(config),
+            mode: StatementMode::Prepared,
         }
+    }
+
+    /// This port sending its statements (and its workers') as `mode` says.
+    #[must_use]
+    pub fn with_statement_mode(mut self, mode: StatementMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// This port with its workers opening their LISTEN connections with `config` (a direct
+    /// connection to the server, not through a pooler in transaction mode).
+    #[must_use]
+    pub fn with_listen_config(mut self, config: tokio_postgres::Config) -> Self {
+        self.listen = Some(config);
+        self
+    }
+
+    /// This port with its workers polling at their poll interval instead of listening.
+    #[must_use]
+    pub fn without_listen(mut self) -> Self {
+        self.listen = None;
+        self
+    }
+
+    /// This port set up for a pooler in transaction mode: [`StatementMode::Unnamed`], and its
+    /// workers LISTEN with `direct` (the server's own address, bypassing the pooler) when given,
+    /// else poll. Nothing is lost by polling but the latency of a wake-up (at most the poll
+    /// interval).
+    #[must_use]
+    pub fn behind_pooler(self, direct: Option<tokio_postgres::Config>) -> Self {
+        let port = self.with_statement_mode(StatementMode::Unnamed);
+        match direct {
+            Some(config) => port.with_listen_config(config),
+            None => port.without_listen(),
+        }
+    }
+
+    /// As [`connect_with_size`](Self::connect_with_size) to a pooler in transaction mode at
+    /// `pooler_url`, [`behind_pooler`](Self::behind_pooler): workers LISTEN through a connection
+    /// to `direct_url` (the server itself) when given, else poll.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), for either string.
+    pub async fn connect_through_pooler(
+        pooler_url: &str,
+        direct_url: Option<&str>,
+        max_size: Option<usize>,
+    ) -> Result<Self, DbError> {
+        let direct = match direct_url {
+            Some(url) => Some(url.parse::<tokio_postgres::Config>().map_err(|e| {
+                DbError::new(ErrorKind::InvalidInput, DbError::from(e).message())
+                    .redacted(&secrets_in(url))
+            })?),
+            None => None,
+        };
+        Ok(Self::connect_with_size(pooler_url, max_size)
+            .await?
+            .behind_pooler(direct))
     }
 
     /// Builds a pool (without TLS, of deadpool's default size) for the libpq-style connection
@@ -112,6 +192,16 @@ impl PgDatabase {
     pub fn config(&self) -> Option<&tokio_postgres::Config> {
         self.config.as_ref()
     }
+
+    /// The settings a worker opens its LISTEN connection with; `None` when it polls.
+    pub fn listen_config(&self) -> Option<&tokio_postgres::Config> {
+        self.listen.as_ref()
+    }
+
+    /// How this port sends statements.
+    pub fn statement_mode(&self) -> StatementMode {
+        self.mode
+    }
 }
 
 impl fmt::Debug for PgDatabase {
@@ -121,6 +211,8 @@ impl fmt::Debug for PgDatabase {
             .field("max_size", &status.max_size)
             .field("size", &status.size)
             .field("available", &status.available)
+            .field("mode", &self.mode)
+            .field("listens", &self.listen.is_some())
             .finish()
     }
 }
@@ -130,6 +222,10 @@ impl Database for PgDatabase {
     async fn execute(&self, statement: &Statement) -> Result<u64, DbError> {
         statement.check()?;
         let client = self.pool.get().await?;
+        if self.mode == StatementMode::Unnamed {
+            let ran = mode::run_values(&**client, statement.sql(), statement.params()).await?;
+            return Ok(ran.affected);
+        }
         let prepared = client.prepare_cached(statement.sql()).await?;
         execute_prepared(&**client, &prepared, statement).await
     }
@@ -137,6 +233,10 @@ impl Database for PgDatabase {
     async fn query(&self, statement: &Statement) -> Result<Rows, DbError> {
         statement.check()?;
         let client = self.pool.get().await?;
+        if self.mode == StatementMode::Unnamed {
+            let ran = mode::run_values(&**client, statement.sql(), statement.params()).await?;
+            return Ok(Rows::decode_unnamed(&ran.rows));
+        }
         let prepared = client.prepare_cached(statement.sql()).await?;
         query_prepared(&**client, &prepared, statement).await
     }
@@ -148,7 +248,10 @@ impl Database for PgDatabase {
         }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let result = PgTransaction::new(&tx).run_all(statements).await;
+        let result = PgTransaction::new(&tx)
+            .with_statement_mode(self.mode)
+            .run_all(statements)
+            .await;
         match result {
             Ok(()) => Ok(tx.commit().await?),
             Err(error) => {

@@ -225,6 +225,20 @@ impl Rows {
         Ok(Self { columns, rows })
     }
 
+    /// Decodes a tokio-postgres result of an unnamed statement, its column names read from the
+    /// first row (an empty result has none).
+    pub(crate) fn decode_unnamed(rows: &[tokio_postgres::Row]) -> Self {
+        let columns: Arc<[String]> = rows.first().map_or_else(
+            || Arc::from(Vec::new()),
+            |row| row.columns().iter().map(|c| c.name().to_owned()).collect(),
+        );
+        let rows = rows
+            .iter()
+            .map(|r| Row::decode(Arc::clone(&columns), r))
+            .collect();
+        Self { columns, rows }
+    }
+
     /// Decodes a tokio-postgres result of the prepared `statement`.
     pub(crate) fn decode(
         statement: &tokio_postgres::Statement,

@@ -59,9 +59,11 @@ pub(crate) const QUEUE_RETRY: &str = "SELECT inbox_retry($1::text::regclass, $2:
 pub(crate) const QUEUE_DEAD: &str =
     "SELECT inbox_dead($1::text::regclass, $2::int8, $3::int8, $4::text)";
 
-/// `inbox_extend(queue, id, token, lease)`: the heartbeat.
-pub(crate) const QUEUE_EXTEND: &str =
-    "SELECT inbox_extend($1::text::regclass, $2::int8, $3::int8, $4::text::interval)";
+/// `inbox_extend(queue, id, token, lease)`: the heartbeat, waiting at most 200 ms for a row lock
+/// (a replaying group's fence). The lock timeout is set for the statement's own transaction
+/// only (`set_config(..., true)`, evaluated before the call), so no session state is left.
+pub(crate) const HEARTBEAT_EXTEND: &str = "SELECT inbox_extend($1::text::regclass, $2::int8, \
+     $3::int8, $4::text::interval) FROM set_config('lock_timeout', '200', true)";
 
 /// `inbox_stats(queue)`, the counts only.
 pub(crate) const QUEUE_STATS: &str =
@@ -77,23 +79,31 @@ pub(crate) const QUEUE_ENQUEUE: &str = "SELECT inbox_enqueue($1::text::regclass,
 /// `inbox_create_queue(name)`.
 pub(crate) const QUEUE_CREATE: &str = "SELECT inbox_create_queue($1::text)::text";
 
-/// Bounds each statement and each idle moment of a delivery's transaction, so a stuck handler
-/// cannot hold row locks or the vacuum horizon; `{}` are milliseconds.
-pub(crate) fn delivery_timeouts(statement_ms: u128, idle_ms: u128) -> String {
-    format!(
-        "SET statement_timeout = {statement_ms}; SET idle_in_transaction_session_timeout = {idle_ms}"
-    )
+/// The messages that open a delivery's transaction, each with its timeouts set for that
+/// transaction only (`SET LOCAL`, in the same message as `BEGIN`: no extra round trip, and no
+/// session state, which a pooler in transaction mode would hand to its next client).
+pub(crate) struct DeliveryBegins {
+    /// `BEGIN` and the timeouts.
+    pub begin: String,
+    /// Commits a group and opens the next group's transaction, in one message.
+    pub commit_begin: String,
+    /// Undoes a group's transaction and opens the one in which it is replayed, in one message.
+    pub rollback_begin: String,
 }
 
-/// The heartbeat waits at most this long for a row lock (a replaying group's fence).
-pub(crate) const HEARTBEAT_LOCK_TIMEOUT: &str = "SET lock_timeout = 200";
-
-/// Restores the heartbeat connection's lock timeout before it goes back to the pool.
-pub(crate) const RESET_LOCK_TIMEOUT: &str = "RESET lock_timeout";
-
-/// Restores the session settings of a connection going back to the pool.
-pub(crate) const RESET_TIMEOUTS: &str =
-    "RESET statement_timeout; RESET idle_in_transaction_session_timeout";
+/// Bounds each statement and each idle moment of a delivery's transaction, so a stuck handler
+/// cannot hold row locks or the vacuum horizon; the arguments are milliseconds.
+pub(crate) fn delivery_begins(statement_ms: u128, idle_ms: u128) -> DeliveryBegins {
+    let begin = format!(
+        "BEGIN; SET LOCAL statement_timeout = {statement_ms}; \
+         SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
+    );
+    DeliveryBegins {
+        commit_begin: format!("{COMMIT}; {begin}"),
+        rollback_begin: format!("{ROLLBACK}; {begin}"),
+        begin,
+    }
+}
 
 /// `inbox_enqueue_batch(queue, payloads, run_at, keys, priority, group_keys)`, the payloads,
 /// keys and group keys each given as one JSON array (or NULL).
@@ -122,15 +132,10 @@ pub(crate) const QUEUE_DEAD_JOBS: &str =
     "SELECT id, attempt, last_error, dead_at, payload, payload_bytes \
        FROM inbox_dead_jobs($1::text::regclass, $2::int4)";
 
-/// The statements with which a worker drives a delivery's transaction itself, so that they can
-/// share round trips with its other statements.
-pub(crate) const BEGIN: &str = "BEGIN";
+/// The statements with which a worker ends a delivery's transaction itself, so that they can
+/// share round trips with its other statements (see [`delivery_begins`] for its beginnings).
 pub(crate) const COMMIT: &str = "COMMIT";
 pub(crate) const ROLLBACK: &str = "ROLLBACK";
-/// Commits a group and opens the next group's transaction, in one message.
-pub(crate) const COMMIT_BEGIN: &str = "COMMIT; BEGIN";
-/// Undoes a group's transaction and opens the one in which it is replayed, in one message.
-pub(crate) const ROLLBACK_BEGIN: &str = "ROLLBACK; BEGIN";
 
 /// `inbox_schedule(queue, name, cron, payload, time_zone)`: creates or replaces a schedule.
 pub(crate) const SCHEDULE: &str = "SELECT inbox_schedule($1::text::regclass, $2::text, $3::text, \

@@ -8,6 +8,7 @@ use tokio::sync::Mutex;
 
 use crate::database::Database;
 use crate::error::DbError;
+use crate::mode::{self, Ran, StatementMode};
 use crate::pg::{execute_prepared, query_prepared};
 use crate::rows::Rows;
 use crate::sql;
@@ -56,6 +57,16 @@ impl<'a> Handle<'a> {
         }
     }
 
+    /// Runs `statement` as the unnamed statement.
+    async fn run_unnamed(self, statement: &Statement) -> Result<Ran, DbError> {
+        let (sql, values) = (statement.sql(), statement.params());
+        match self {
+            Handle::Pooled(tx) => mode::run_values(&**tx, sql, values).await,
+            Handle::Plain(tx) => mode::run_values(tx, sql, values).await,
+            Handle::Began(client) => mode::run_values(&***client, sql, values).await,
+        }
+    }
+
     async fn batch_execute(self, sql: &str) -> Result<(), DbError> {
         match self {
             Handle::Pooled(tx) => tx.batch_execute(sql).await?,
@@ -93,6 +104,7 @@ impl<'a> Handle<'a> {
 /// ```
 pub struct PgTransaction<'a> {
     handle: Handle<'a>,
+    mode: StatementMode,
     serial: Mutex<()>,
     /// Set when a batch was cancelled inside its savepoint, which must then be rolled back.
     pending_rollback: AtomicBool,
@@ -117,9 +129,18 @@ impl<'a> PgTransaction<'a> {
         Self::with_handle(Handle::Began(client))
     }
 
+    /// This port sending its statements as `mode` says ([`StatementMode::Unnamed`] behind a
+    /// pooler in transaction mode: no statement is prepared under a name).
+    #[must_use]
+    pub fn with_statement_mode(mut self, mode: StatementMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
     fn with_handle(handle: Handle<'a>) -> Self {
         Self {
             handle,
+            mode: StatementMode::Prepared,
             serial: Mutex::new(()),
             pending_rollback: AtomicBool::new(false),
         }
@@ -137,10 +158,26 @@ impl<'a> PgTransaction<'a> {
     /// savepoint of its own.
     pub(crate) async fn run_all(&self, statements: &[Statement]) -> Result<(), DbError> {
         for statement in statements {
-            let prepared = self.handle.prepare(statement.sql()).await?;
-            self.handle.execute(&prepared, statement).await?;
+            self.execute_one(statement).await?;
         }
         Ok(())
+    }
+
+    async fn execute_one(&self, statement: &Statement) -> Result<u64, DbError> {
+        if self.mode == StatementMode::Unnamed {
+            return Ok(self.handle.run_unnamed(statement).await?.affected);
+        }
+        let prepared = self.handle.prepare(statement.sql()).await?;
+        self.handle.execute(&prepared, statement).await
+    }
+
+    async fn query_one(&self, statement: &Statement) -> Result<Rows, DbError> {
+        if self.mode == StatementMode::Unnamed {
+            let ran = self.handle.run_unnamed(statement).await?;
+            return Ok(Rows::decode_unnamed(&ran.rows));
+        }
+        let prepared = self.handle.prepare(statement.sql()).await?;
+        self.handle.query(&prepared, statement).await
     }
 }
 
@@ -165,6 +202,7 @@ impl fmt::Debug for PgTransaction<'_> {
         };
         f.debug_struct("PgTransaction")
             .field("transaction", &kind)
+            .field("mode", &self.mode)
             .finish_non_exhaustive()
     }
 }
@@ -192,16 +230,14 @@ impl Database for PgTransaction<'_> {
         statement.check()?;
         let _serial = self.serial.lock().await;
         self.restore().await?;
-        let prepared = self.handle.prepare(statement.sql()).await?;
-        self.handle.execute(&prepared, statement).await
+        self.execute_one(statement).await
     }
 
     async fn query(&self, statement: &Statement) -> Result<Rows, DbError> {
         statement.check()?;
         let _serial = self.serial.lock().await;
         self.restore().await?;
-        let prepared = self.handle.prepare(statement.sql()).await?;
-        self.handle.query(&prepared, statement).await
+        self.query_one(statement).await
     }
 
     async fn batch_atomic(&self, statements: &[Statement]) -> Result<(), DbError> {

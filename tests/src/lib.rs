@@ -26,6 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
+mod pgbouncer;
+pub use pgbouncer::PgBouncer;
+
 /// The environment variable naming the test database.
 pub const URL_VAR: &str = "INBOX_TEST_DATABASE_URL";
 

@@ -7,7 +7,7 @@ use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use inbox_client::{
     Clock, Database, ErrorKind, Inbox, ManualClock, PgDatabase, PgTransaction, Statement,
 };
-use inbox_tests::TestDb;
+use inbox_tests::{PgBouncer, TestDb};
 use tokio::sync::Barrier;
 
 /// The effect of an event: a row in `effects`, which has no unique key, so that an effect
@@ -41,12 +41,30 @@ fn start() -> DateTime<Utc> {
 async fn setup(size: usize) -> (TestDb, PgDatabase, Inbox) {
     let test_db = TestDb::new().await;
     let db = PgDatabase::from_pool(test_db.pool(size));
+    let inbox = create(&db).await;
+    (test_db, db, inbox)
+}
+
+/// As [`setup`], the pool's connections going through a pgbouncer in transaction mode with at
+/// most `servers` server connections.
+async fn setup_through_pgbouncer(
+    size: usize,
+    servers: usize,
+) -> (TestDb, PgDatabase, Inbox, PgBouncer) {
+    let test_db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&test_db, servers);
+    let db = bouncer.port_polling(size);
+    let inbox = create(&db).await;
+    (test_db, db, inbox, bouncer)
+}
+
+async fn create(db: &PgDatabase) -> Inbox {
     let inbox = Inbox::new("ledger");
     db.execute(&Statement::new(inbox.create_table_sql()))
         .await
         .unwrap();
     db.execute(&Statement::new(CREATE_EFFECTS)).await.unwrap();
-    (test_db, db, inbox)
+    inbox
 }
 
 #[tokio::test]
@@ -111,8 +129,20 @@ async fn claim_statement_first_in_a_batch_fails_a_duplicate_batch_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claim_with_on_one_key_applies_the_effect_once() {
-    const TASKS: usize = 64;
     let (_test_db, db, inbox) = setup(16).await;
+    claim_with_race(db, inbox).await;
+}
+
+/// The same race through pgbouncer in transaction mode, 16 clients sharing 4 server connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claim_with_through_pgbouncer_applies_the_effect_once() {
+    let (_test_db, db, inbox, _bouncer) = setup_through_pgbouncer(16, 4).await;
+    claim_with_race(db, inbox).await;
+}
+
+/// 64 tasks claim one key with an effect at once: exactly one applies it.
+async fn claim_with_race(db: PgDatabase, inbox: Inbox) {
+    const TASKS: usize = 64;
     let db: Arc<dyn Database> = Arc::new(db);
     let inbox = Arc::new(inbox);
     let clock = ManualClock::new(start());
@@ -145,8 +175,20 @@ async fn concurrent_claim_with_on_one_key_applies_the_effect_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_on_one_key_return_true_once() {
-    const TASKS: usize = 64;
     let (_test_db, db, inbox) = setup(16).await;
+    claim_race(db, inbox).await;
+}
+
+/// The same race through pgbouncer in transaction mode, 16 clients sharing 4 server connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_through_pgbouncer_return_true_once() {
+    let (_test_db, db, inbox, _bouncer) = setup_through_pgbouncer(16, 4).await;
+    claim_race(db, inbox).await;
+}
+
+/// 64 tasks claim one key at once: exactly one claim returns `true`.
+async fn claim_race(db: PgDatabase, inbox: Inbox) {
+    const TASKS: usize = 64;
     let db = Arc::new(db);
     let inbox = Arc::new(inbox);
     let barrier = Arc::new(Barrier::new(TASKS));

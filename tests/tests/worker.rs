@@ -15,7 +15,7 @@ use inbox_client::worker::{
     WorkerStats,
 };
 use inbox_client::{Database, ErrorKind, PgDatabase, Queue, QueueStats, Statement};
-use inbox_tests::TestDb;
+use inbox_tests::{PgBouncer, TestDb};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{RwLock, Semaphore};
 
@@ -53,10 +53,36 @@ fn port(db: &TestDb, size: usize) -> PgDatabase {
     PgDatabase::from_pool_and_config(db.pool(size), db.config())
 }
 
+/// How a test's worker reaches the database.
+#[derive(Clone, Copy, Debug)]
+enum Route {
+    /// Directly, statements prepared, LISTEN on the same settings.
+    Direct,
+    /// Through a pgbouncer in transaction mode with as many server connections as the pool has
+    /// client connections: unnamed statements, LISTEN on a direct connection.
+    PgBouncer,
+}
+
+/// The port of `route` over `pool` connections, and the pgbouncer it goes through (to keep
+/// until the test ends).
+fn port_via(db: &TestDb, route: Route, pool: usize) -> (PgDatabase, Option<PgBouncer>) {
+    match route {
+        Route::Direct => (port(db, pool), None),
+        Route::PgBouncer => {
+            let bouncer = PgBouncer::start(db, pool);
+            (bouncer.port_listening_directly(db, pool), Some(bouncer))
+        }
+    }
+}
+
 /// Creates the queue `jobs` with `count` jobs whose payloads are `0..count` (ids in the same
 /// order), and the table `effects` the handlers write, with no unique constraint.
 async fn setup_jobs(db: &TestDb, pool: usize, count: i64) -> PgDatabase {
-    let pg = port(db, pool);
+    setup_jobs_on(port(db, pool), count).await
+}
+
+/// As [`setup_jobs`], through the port `pg`.
+async fn setup_jobs_on(pg: PgDatabase, count: i64) -> PgDatabase {
     pg.execute(&Queue::new("jobs").create_statement())
         .await
         .unwrap();
@@ -535,10 +561,16 @@ async fn chaos_handle(job: Job<i64>, tx: &dyn Database) -> HandlerResult {
 /// Runs `count` chaos jobs through 8 transactional workers (groups of `group_size`, or adaptive
 /// groups by default) and checks every job's end against the prediction.
 async fn chaos(count: i64, claim: Claim, group_size: Option<usize>) {
+    chaos_via(Route::Direct, count, claim, group_size).await;
+}
+
+/// As [`chaos`], the worker reaching the database by `route`.
+async fn chaos_via(route: Route, count: i64, claim: Claim, group_size: Option<usize>) {
     quiet_chaos_panics();
     let _load = LOAD.write().await;
     let db = TestDb::new().await;
-    let pg = setup_jobs(&db, 12, count).await;
+    let (pg, _bouncer) = port_via(&db, route, 12);
+    let pg = setup_jobs_on(pg, count).await;
     let prediction = predict(count);
     // The mix really has every outcome.
     assert!(prediction.stats.dead > 0 && prediction.stats.failed > 0);
@@ -561,7 +593,7 @@ async fn chaos(count: i64, claim: Claim, group_size: Option<usize>) {
     )
     .await;
     eprintln!(
-        "chaos {claim:?} x{group_size:?}: {count} jobs in {:?}: {stats:?}",
+        "chaos {route:?} {claim:?} x{group_size:?}: {count} jobs in {:?}: {stats:?}",
         started.elapsed()
     );
 
@@ -630,6 +662,19 @@ async fn chaos_lease_every_job_acked_once_or_dead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_lock_every_job_acked_once_or_dead() {
     chaos(5_000, Claim::Lock, Some(1)).await;
+}
+
+/// The adaptive chaos through pgbouncer in transaction mode (each transaction may run on another
+/// server connection): the same ends, each acked job's effect exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_through_pgbouncer_every_job_acked_once_or_dead() {
+    chaos_via(Route::PgBouncer, 5_000, Claim::Lease, None).await;
+}
+
+/// The same with row locks, through pgbouncer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_lock_through_pgbouncer_every_job_acked_once_or_dead() {
+    chaos_via(Route::PgBouncer, 3_000, Claim::Lock, None).await;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -870,6 +915,16 @@ async fn assert_each_effect_once(db: &TestDb, count: i64) {
 /// finishes them, each exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shutdown_under_load_loses_nothing_and_leaves_nothing_leased() {
+    shutdown_under_load(Route::Direct).await;
+}
+
+/// The same shutdown through pgbouncer in transaction mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_through_pgbouncer_loses_nothing_and_leaves_nothing_leased() {
+    shutdown_under_load(Route::PgBouncer).await;
+}
+
+async fn shutdown_under_load(route: Route) {
     let _load = LOAD.write().await;
     for mode in [
         Mode::Transactional(Claim::Lease),
@@ -877,7 +932,8 @@ async fn shutdown_under_load_loses_nothing_and_leaves_nothing_leased() {
         Mode::Plain,
     ] {
         let db = TestDb::new().await;
-        let pg = setup_jobs(&db, 12, 2_000).await;
+        let (pg, _bouncer) = port_via(&db, route, 12);
+        let pg = setup_jobs_on(pg, 2_000).await;
         let handle = sleepy_worker(&pg, mode, Duration::from_millis(4))
             .workers(4)
             .poll_interval(Duration::from_millis(20))

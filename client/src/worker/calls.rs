@@ -1,13 +1,34 @@
-//! The worker's calls of the extension's queue functions, over a pooled connection or a
-//! transaction, each through a statement prepared once per connection.
+//! The worker's calls of the extension's queue functions, over a pooled connection (in a
+//! transaction or not), each through a statement prepared once per connection or, in
+//! [`StatementMode::Unnamed`], sent unnamed.
 
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
-use tokio_postgres::types::{FromSql, Type};
+use deadpool_postgres::Object;
+use tokio_postgres::types::{FromSql, ToSql, Type};
 
 use crate::error::DbError;
+use crate::mode::{self, StatementMode};
 use crate::sql;
+
+/// A parameter of a call.
+type Param<'a> = dyn ToSql + Sync + 'a;
+
+/// Runs one of the client's statements on `client` as `statements` says, and returns its rows.
+pub(crate) async fn rows(
+    client: &Object,
+    statements: StatementMode,
+    statement: &str,
+    params: &[&Param<'_>],
+) -> Result<Vec<tokio_postgres::Row>, DbError> {
+    match statements {
+        StatementMode::Prepared => {
+            let prepared = client.prepare_cached(statement).await?;
+            Ok(client.query(&prepared, params).await?)
+        }
+        StatementMode::Unnamed => Ok(mode::run(&***client, statement, params).await?.rows),
+    }
+}
 
 /// A job as `inbox_lease`/`inbox_lock` hand it over, its payload still undecoded.
 #[derive(Debug)]
@@ -39,15 +60,6 @@ impl<'a> FromSql<'a> for PayloadBytes {
     }
 }
 
-async fn take(
-    client: &impl GenericClient,
-    statement: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<Vec<Taken>, DbError> {
-    let prepared = client.prepare_cached(statement).await?;
-    read_taken(client.query(&prepared, params).await?)
-}
-
 /// The jobs of an `inbox_lease`/`inbox_lock` result.
 pub(crate) fn read_taken(rows: Vec<tokio_postgres::Row>) -> Result<Vec<Taken>, DbError> {
     rows.iter()
@@ -66,25 +78,35 @@ pub(crate) fn read_taken(rows: Vec<tokio_postgres::Row>) -> Result<Vec<Taken>, D
 
 /// Leases up to `max` jobs for `lease` (commits with the statement when not in a transaction).
 pub(crate) async fn lease(
-    client: &impl GenericClient,
+    client: &Object,
+    statements: StatementMode,
     queue: &str,
     max: i32,
     lease: Duration,
 ) -> Result<Vec<Taken>, DbError> {
-    take(client, sql::QUEUE_LEASE, &[&queue, &max, &interval(lease)]).await
+    let params: [&Param<'_>; 3] = [&queue, &max, &interval(lease)];
+    read_taken(rows(client, statements, sql::QUEUE_LEASE, &params).await?)
 }
 
 async fn one_bool(
-    client: &impl GenericClient,
+    client: &Object,
+    statements: StatementMode,
     statement: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    params: &[&Param<'_>],
 ) -> Result<bool, DbError> {
-    let prepared = client.prepare_cached(statement).await?;
-    Ok(client.query_one(&prepared, params).await?.try_get(0)?)
+    let rows = rows(client, statements, statement, params).await?;
+    match rows.first() {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Err(DbError::new(
+            crate::error::ErrorKind::Other,
+            "the extension's call returned no row",
+        )),
+    }
 }
 
 pub(crate) async fn retry(
-    client: &impl GenericClient,
+    client: &Object,
+    statements: StatementMode,
     queue: &str,
     job: (i64, i64),
     delay: Duration,
@@ -94,6 +116,7 @@ pub(crate) async fn retry(
     let seconds = delay.as_secs_f64();
     one_bool(
         client,
+        statements,
         sql::QUEUE_RETRY,
         &[&queue, &job.0, &job.1, &seconds, &error, &max_attempts],
     )
@@ -101,32 +124,50 @@ pub(crate) async fn retry(
 }
 
 pub(crate) async fn dead(
-    client: &impl GenericClient,
+    client: &Object,
+    statements: StatementMode,
     queue: &str,
     job: (i64, i64),
     reason: &str,
 ) -> Result<bool, DbError> {
-    one_bool(client, sql::QUEUE_DEAD, &[&queue, &job.0, &job.1, &reason]).await
+    one_bool(
+        client,
+        statements,
+        sql::QUEUE_DEAD,
+        &[&queue, &job.0, &job.1, &reason],
+    )
+    .await
 }
 
 pub(crate) async fn extend(
-    client: &impl GenericClient,
+    client: &Object,
+    statements: StatementMode,
     queue: &str,
     job: (i64, i64),
     lease: Duration,
 ) -> Result<bool, DbError> {
     one_bool(
         client,
-        sql::QUEUE_EXTEND,
+        statements,
+        sql::HEARTBEAT_EXTEND,
         &[&queue, &job.0, &job.1, &interval(lease)],
     )
     .await
 }
 
 /// Whether the queue has nothing ready, leased or delayed (dead jobs do not count).
-pub(crate) async fn is_idle(client: &impl GenericClient, queue: &str) -> Result<bool, DbError> {
-    let prepared = client.prepare_cached(sql::QUEUE_STATS).await?;
-    let row = client.query_one(&prepared, &[&queue]).await?;
+pub(crate) async fn is_idle(
+    client: &Object,
+    statements: StatementMode,
+    queue: &str,
+) -> Result<bool, DbError> {
+    let rows = rows(client, statements, sql::QUEUE_STATS, &[&queue]).await?;
+    let row = rows.first().ok_or_else(|| {
+        DbError::new(
+            crate::error::ErrorKind::Other,
+            "inbox_stats returned no row",
+        )
+    })?;
     let (ready, delayed, leased): (i64, i64, i64) =
         (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
     Ok(ready + delayed + leased == 0)

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{calls, Shared};
-use crate::sql;
 
 /// `55P03 lock_not_available`: the heartbeat's lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -54,13 +53,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
             }
         };
         // A job whose row a replaying group has fenced is safe until that group commits: its
-        // extension is skipped rather than waited for, so the other jobs are extended in time.
-        if let Err(error) = client.batch_execute(sql::HEARTBEAT_LOCK_TIMEOUT).await {
-            tracing::warn!(queue = %shared.queue, %error, "heartbeat failed");
-            continue;
-        }
+        // extension is skipped rather than waited for (each extension waits for its row lock for
+        // a moment only), so the other jobs are extended in time.
+        let statements = shared.db.statement_mode();
         for job in held {
-            match calls::extend(&client, &shared.queue, job, lease).await {
+            match calls::extend(&client, statements, &shared.queue, job, lease).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::debug!(queue = %shared.queue, id = job.0, "lease already settled or lost")
@@ -73,6 +70,5 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 }
             }
         }
-        let _ = client.batch_execute(sql::RESET_LOCK_TIMEOUT).await;
     }
 }

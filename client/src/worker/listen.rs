@@ -24,8 +24,8 @@ use crate::sql;
 /// is opened again (and wakes a task, in case it missed something). Without connection settings
 /// (a port built from a bare pool) the worker only polls.
 pub(super) async fn run(shared: Arc<Shared>) {
-    let Some(config) = shared.db.config().cloned() else {
-        tracing::info!(queue = %shared.queue, "no connection settings to LISTEN with; polling only");
+    let Some(config) = shared.db.listen_config().cloned() else {
+        tracing::info!(queue = %shared.queue, "no direct connection settings to LISTEN with; polling only");
         return;
     };
     while !shared.stop.is_cancelled() {

@@ -42,6 +42,15 @@
 //! for its time bound, the slot commits what it has done and goes on in a new transaction. A
 //! group never opens a subtransaction (each costs every snapshot in the server once more than 64
 //! are open), unless a handler opens one itself (`batch_atomic`).
+//!
+//! # Connection poolers
+//!
+//! A worker keeps no session state: its timeouts are set per transaction (`SET LOCAL`), and over
+//! a port [`behind_pooler`](crate::PgDatabase::behind_pooler) it sends every statement unnamed
+//! and never LISTENs through the pooler: it listens on the direct connection it was given
+//! ([`with_listen_config`](crate::PgDatabase::with_listen_config)), or else polls at its
+//! [`poll_interval`](Worker::poll_interval), which costs wake-up latency only. So it works
+//! through pgbouncer in transaction mode (1.18 included, which keeps no prepared statements).
 
 mod calls;
 mod heartbeat;
@@ -426,13 +435,15 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         self
     }
 
-    /// The `statement_timeout` of the worker's connections (default 30 s).
+    /// The `statement_timeout` of the worker's delivery transactions (default 30 s), set with
+    /// `SET LOCAL` as each begins (no session setting is left on the connection).
     pub fn statement_timeout(mut self, timeout: Duration) -> Self {
         self.settings.statement_timeout = timeout;
         self
     }
 
-    /// The `idle_in_transaction_session_timeout` of the worker's connections (default 60 s): a
+    /// The `idle_in_transaction_session_timeout` of the worker's delivery transactions (default
+    /// 60 s, set with `SET LOCAL` as each begins): a
     /// handler that keeps its transaction open without using it for longer loses its
     /// connection, its writes and its delivery, which is retried.
     pub fn idle_in_transaction_timeout(mut self, timeout: Duration) -> Self {
@@ -487,7 +498,13 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             loop {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let client = handle.shared.db.pool().get().await?;
-                if calls::is_idle(&client, &handle.shared.queue).await? {
+                if calls::is_idle(
+                    &client,
+                    handle.shared.db.statement_mode(),
+                    &handle.shared.queue,
+                )
+                .await?
+                {
                     return Ok::<(), DbError>(());
                 }
             }
@@ -544,6 +561,7 @@ async fn release_abandoned(shared: &Shared) {
     for job in abandoned {
         let released = calls::retry(
             &client,
+            shared.db.statement_mode(),
             &shared.queue,
             job,
             Duration::ZERO,
@@ -561,7 +579,7 @@ async fn release_abandoned(shared: &Shared) {
 /// `tally`; `false` when the token was no longer the job's.
 async fn settle_failure(
     shared: &Shared,
-    client: &impl deadpool_postgres::GenericClient,
+    client: &deadpool_postgres::Object,
     job: &calls::Taken,
     outcome: Outcome,
     tally: &mut WorkerStats,
@@ -570,7 +588,8 @@ async fn settle_failure(
     match outcome {
         Outcome::Ack => Ok(true),
         Outcome::Dead { reason } => {
-            let applied = calls::dead(client, &shared.queue, fence, &reason).await?;
+            let statements = shared.db.statement_mode();
+            let applied = calls::dead(client, statements, &shared.queue, fence, &reason).await?;
             tally.dead += u64::from(applied);
             Ok(applied)
         }
@@ -579,6 +598,7 @@ async fn settle_failure(
             let delay = after.unwrap_or_else(|| policy.delay(job.attempt));
             let applied = calls::retry(
                 client,
+                shared.db.statement_mode(),
                 &shared.queue,
                 fence,
                 delay,

@@ -214,17 +214,36 @@ async fn ack_and_lease(
             return Ok(None);
         }
         let (ids, tokens): (Vec<i64>, Vec<i64>) = acks.iter().copied().unzip();
-        let prepared = client.prepare_cached(sql::QUEUE_ACK_MANY).await?;
-        let row = client
-            .query_one(&prepared, &[&shared.queue, &ids, &tokens])
-            .await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&shared.queue, &ids, &tokens];
+        let rows = calls::rows(
+            client,
+            shared.db.statement_mode(),
+            sql::QUEUE_ACK_MANY,
+            &params,
+        )
+        .await?;
+        let row = rows.first().ok_or_else(|| {
+            DbError::new(
+                crate::error::ErrorKind::Other,
+                "inbox_ack_batch returned no row",
+            )
+        })?;
         Ok::<_, DbError>(Some(row.try_get(0)?))
     };
     let lease = async {
         if max == 0 {
             return Ok(Vec::new());
         }
-        calls::lease(client, &shared.queue, max as i32, shared.settings.lease).await
+        let statements = shared.db.statement_mode();
+        calls::lease(
+            client,
+            statements,
+            &shared.queue,
+            max as i32,
+            shared.settings.lease,
+        )
+        .await
     };
     let (acked, leased) = tokio::join!(ack, lease);
     Ok((acked?, leased?))

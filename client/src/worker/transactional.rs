@@ -23,6 +23,7 @@ use super::{
     catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, TxHandler, WorkerStats,
 };
 use crate::error::{DbError, ErrorKind};
+use crate::mode::{self, StatementMode};
 use crate::sql;
 use crate::tx::PgTransaction;
 
@@ -122,37 +123,57 @@ async fn recover_connection(mut conn: SlotConnection, error: &DbError) -> Option
     })
 }
 
-/// The statements a slot pipelines, prepared once on its connection.
+/// The statements a slot pipelines: prepared once on its connection, or `None` when they are
+/// sent unnamed ([`StatementMode::Unnamed`]).
 struct Prepared {
-    take: Statement,
-    ack_all: Statement,
-    fence: Statement,
+    take: Option<Statement>,
+    ack_all: Option<Statement>,
+    fence: Option<Statement>,
 }
 
-/// A pooled connection, held by this slot, with the delivery timeouts set on its session.
+/// One of the statements a slot pipelines.
+#[derive(Clone, Copy)]
+enum Call {
+    Take,
+    AckAll,
+    Fence,
+}
+
+/// A pooled connection, held by this slot; its transactions set the delivery timeouts when they
+/// begin, so the session keeps none of the worker's settings.
 async fn open(shared: &Shared) -> Result<SlotConnection, DbError> {
     let client = shared.db.pool().get().await?;
     let settings = &shared.settings;
-    client
-        .batch_execute(&sql::delivery_timeouts(
-            settings.statement_timeout.as_millis(),
-            settings.idle_in_transaction_timeout.as_millis(),
-        ))
-        .await?;
-    let take = match settings.claim {
-        Claim::Lease => sql::QUEUE_LEASE,
-        Claim::Lock => sql::QUEUE_LOCK,
-    };
-    let prepared = Prepared {
-        take: client.prepare_cached(take).await?,
-        ack_all: client.prepare_cached(sql::QUEUE_ACK_ALL).await?,
-        fence: client.prepare_cached(sql::QUEUE_FENCE).await?,
+    let take = take_sql(shared);
+    let prepared = match shared.db.statement_mode() {
+        StatementMode::Prepared => Prepared {
+            take: Some(client.prepare_cached(take).await?),
+            ack_all: Some(client.prepare_cached(sql::QUEUE_ACK_ALL).await?),
+            fence: Some(client.prepare_cached(sql::QUEUE_FENCE).await?),
+        },
+        StatementMode::Unnamed => Prepared {
+            take: None,
+            ack_all: None,
+            fence: None,
+        },
     };
     Ok(SlotConnection {
         client: Some(client),
         prepared,
+        begins: sql::delivery_begins(
+            settings.statement_timeout.as_millis(),
+            settings.idle_in_transaction_timeout.as_millis(),
+        ),
+        take,
         in_transaction: false,
     })
+}
+
+fn take_sql(shared: &Shared) -> &'static str {
+    match shared.settings.claim {
+        Claim::Lease => sql::QUEUE_LEASE,
+        Claim::Lock => sql::QUEUE_LOCK,
+    }
 }
 
 /// Takes what is ready, up to a group, and opens the group's transaction in the same round trip
@@ -167,12 +188,12 @@ async fn take_first(
         Claim::Lease => {
             let (jobs, begun) = tokio::join!(
                 take_query(shared, conn, max),
-                conn.client().batch_execute(sql::BEGIN)
+                conn.client().batch_execute(&conn.begins.begin)
             );
             (begun, jobs)
         }
         Claim::Lock => tokio::join!(
-            conn.client().batch_execute(sql::BEGIN),
+            conn.client().batch_execute(&conn.begins.begin),
             take_query(shared, conn, max)
         ),
     };
@@ -192,19 +213,13 @@ async fn take_query(
     max: usize,
 ) -> Result<Vec<Taken>, DbError> {
     let max = max as i32;
-    let client = conn.client();
     let rows = match shared.settings.claim {
         Claim::Lease => {
             let lease = calls::interval(shared.settings.lease);
-            client
-                .query(&conn.prepared.take, &[&shared.queue, &max, &lease])
+            conn.query(Call::Take, &[&shared.queue, &max, &lease])
                 .await?
         }
-        Claim::Lock => {
-            client
-                .query(&conn.prepared.take, &[&shared.queue, &max])
-                .await?
-        }
+        Claim::Lock => conn.query(Call::Take, &[&shared.queue, &max]).await?,
     };
     let jobs = calls::read_taken(rows)?;
     shared.hold(
@@ -402,7 +417,8 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
             };
         }
     };
-    let port = PgTransaction::in_transaction(conn.client());
+    let port = PgTransaction::in_transaction(conn.client())
+        .with_statement_mode(shared.db.statement_mode());
     let result = catch_handler(handler.handle(
         Job {
             id: job.id,
@@ -461,8 +477,8 @@ impl Group {
         let client = conn.client();
         let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
         let (restarted, fenced) = tokio::join!(
-            client.batch_execute(sql::ROLLBACK_BEGIN),
-            client.query(&conn.prepared.fence, &params)
+            client.batch_execute(&conn.begins.rollback_begin),
+            conn.query(Call::Fence, &params)
         );
         restarted?;
         let held: HashSet<i64> = fenced?
@@ -535,19 +551,15 @@ impl Group {
     ) -> Result<(), DbError> {
         let (ids, tokens) = fences(self.done.iter());
         let (rest_ids, rest_tokens) = fences(self.pending.iter());
-        let prepared = &conn.prepared;
         let client = conn.client();
         let done: [&Param; 3] = [&shared.queue, &ids, &tokens];
         let rest: [&Param; 3] = [&shared.queue, &rest_ids, &rest_tokens];
         let (acked, committed, fenced) = tokio::join!(
-            client.query_one(&prepared.ack_all, &done),
-            client.batch_execute(sql::COMMIT_BEGIN),
-            client.query(&prepared.fence, &rest)
+            conn.query(Call::AckAll, &done),
+            client.batch_execute(&conn.begins.commit_begin),
+            conn.query(Call::Fence, &rest)
         );
-        if let Err(error) = acked
-            .map_err(DbError::from)
-            .and(committed.map_err(DbError::from))
-        {
+        if let Err(error) = acked.and(committed.map_err(DbError::from)) {
             return self.recover(shared, conn, error).await;
         }
         self.committed(shared);
@@ -582,15 +594,10 @@ impl Group {
         let stopping = shared.stop.is_cancelled();
         let client = conn.client();
         let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
-        let ack = client.query_one(&conn.prepared.ack_all, &params);
+        let ack = conn.query(Call::AckAll, &params);
         let (settled, next) = if stopping {
             let (acked, committed) = tokio::join!(ack, client.batch_execute(sql::COMMIT));
-            (
-                acked
-                    .map_err(DbError::from)
-                    .and(committed.map_err(DbError::from)),
-                Ok(Vec::new()),
-            )
+            (acked.and(committed.map_err(DbError::from)), Ok(Vec::new()))
         } else {
             match shared.settings.claim {
                 // The next lease commits with this group.
@@ -598,11 +605,11 @@ impl Group {
                     let (acked, next, committed) = tokio::join!(
                         ack,
                         take_query(shared, conn, size.current),
-                        client.batch_execute(sql::COMMIT_BEGIN)
+                        client.batch_execute(&conn.begins.commit_begin)
                     );
                     // An error of the ack comes first: it aborted the transaction, and with it the
                     // lease and the commit.
-                    match (acked.map_err(DbError::from), next) {
+                    match (acked, next) {
                         (Ok(_), Ok(next)) => (committed.map_err(DbError::from).map(drop), Ok(next)),
                         (Err(error), _) | (Ok(_), Err(error)) => (Err(error), Ok(Vec::new())),
                     }
@@ -611,15 +618,10 @@ impl Group {
                 Claim::Lock => {
                     let (acked, committed, next) = tokio::join!(
                         ack,
-                        client.batch_execute(sql::COMMIT_BEGIN),
+                        client.batch_execute(&conn.begins.commit_begin),
                         take_query(shared, conn, size.current)
                     );
-                    (
-                        acked
-                            .map_err(DbError::from)
-                            .and(committed.map_err(DbError::from)),
-                        next,
-                    )
+                    (acked.and(committed.map_err(DbError::from)), next)
                 }
             }
         };
@@ -712,6 +714,9 @@ impl Group {
 struct SlotConnection {
     client: Option<Object>,
     prepared: Prepared,
+    begins: sql::DeliveryBegins,
+    /// The take statement's SQL (lease or lock).
+    take: &'static str,
     in_transaction: bool,
 }
 
@@ -721,6 +726,24 @@ impl SlotConnection {
             .as_ref()
             .expect("a slot connection holds its client until dropped")
     }
+
+    /// Runs `call`: its prepared statement, or its SQL unnamed. The message is sent when the
+    /// future is first polled, so calls joined together share a round trip in order.
+    async fn query(
+        &self,
+        call: Call,
+        params: &[&Param],
+    ) -> Result<Vec<tokio_postgres::Row>, DbError> {
+        let (prepared, sql) = match call {
+            Call::Take => (&self.prepared.take, self.take),
+            Call::AckAll => (&self.prepared.ack_all, sql::QUEUE_ACK_ALL),
+            Call::Fence => (&self.prepared.fence, sql::QUEUE_FENCE),
+        };
+        match prepared {
+            Some(prepared) => Ok(self.client().query(prepared, params).await?),
+            None => Ok(mode::run(&***self.client(), sql, params).await?.rows),
+        }
+    }
 }
 
 impl Drop for SlotConnection {
@@ -728,15 +751,9 @@ impl Drop for SlotConnection {
         if let Some(client) = self.client.take() {
             if self.in_transaction {
                 drop(Object::take(client));
-            } else {
-                // Back to the pool for other users, without the worker's timeouts: the connection
-                // returns once reset (or is closed, if the runtime is gone).
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move {
-                        let _ = client.batch_execute(sql::RESET_TIMEOUTS).await;
-                    });
-                }
             }
+            // Otherwise it goes back to the pool as it came: the worker's timeouts went with its
+            // transactions.
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{stream, StreamExt};
 use inbox_client::worker::{transactional, Claim, Job, Outcome, Worker, WorkerHandle};
-use inbox_client::{Database, PgDatabase, Statement};
+use inbox_client::{Database, PgDatabase, Statement, StatementMode};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Notify;
@@ -197,6 +197,12 @@ enum Form {
         claim: Claim,
         group: usize,
     },
+    /// The same with every statement sent unnamed (`StatementMode::Unnamed`, as behind a pooler
+    /// in transaction mode), on the same direct connections: what a parse per statement costs.
+    Unnamed {
+        claim: Claim,
+        group: usize,
+    },
     /// `n` plain workers (one per connection of the raw side), 100 deliveries in flight each.
     Plain,
 }
@@ -208,7 +214,7 @@ async fn run_worker(ctx: &Ctx, connections: usize, form: Form) -> Result<f64> {
     truncate(&admin, &[Q_INBOX, DONE_INBOX]).await?;
     let started = Arc::new(AtomicU64::new(0));
     let in_flight = match form {
-        Form::Transactional { group, .. } => group,
+        Form::Transactional { group, .. } | Form::Unnamed { group, .. } => group,
         Form::Plain => 100,
     };
     let depth = ctx.opts.depth(connections, in_flight);
@@ -247,8 +253,11 @@ fn start_workers(
     started: Arc<AtomicU64>,
 ) -> Result<Vec<WorkerHandle>> {
     Ok(match form {
-        Form::Transactional { claim, group } => {
-            let db = ctx.database(connections + 4)?;
+        Form::Transactional { claim, group } | Form::Unnamed { claim, group } => {
+            let mut db = ctx.database(connections + 4)?;
+            if let Form::Unnamed { .. } = form {
+                db = db.with_statement_mode(StatementMode::Unnamed);
+            }
             vec![Worker::transactional(db, Q_INBOX, insert_handler(started))
                 .workers(connections)
                 .claim(claim)
@@ -319,6 +328,14 @@ pub async fn worker(ctx: &Ctx) -> Result<Vec<Row>> {
             format!("4. worker tx, lock, group {group}"),
         ),
         (
+            Form::Unnamed {
+                claim: Claim::Lease,
+                group,
+            },
+            Step::WorkerLoop { lock: false, group },
+            format!("4. worker tx, lease, group {group}, unnamed statements"),
+        ),
+        (
             Form::Plain,
             Step::DeleteBatch,
             "4. worker plain, no-op".to_owned(),
@@ -344,6 +361,12 @@ pub async fn worker(ctx: &Ctx) -> Result<Vec<Row>> {
                 row = row.note(
                     "plain workers (100 deliveries each) against raw batches of 100 locked and \
                      deleted in one statement",
+                );
+            }
+            if let Form::Unnamed { .. } = form {
+                row = row.note(
+                    "the worker's and the handler's statements unnamed (the pooler mode) on a \
+                     direct connection, against the raw loop's prepared statements",
                 );
             }
             push(&mut rows, row);
