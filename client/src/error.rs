@@ -189,6 +189,27 @@ impl From<PoolError> for DbError {
     }
 }
 
+/// Waits for one round trip of `answer` for at most `bound` (`None`: as long as it takes). A
+/// connection that stops answering without closing (a half-open one: a peer or a middlebox gone
+/// silent) never reports an error of its own, so no answer within the bound is reported as
+/// [`ErrorKind::ConnectionLost`], and the caller must not use the connection again.
+pub(crate) async fn within<T>(
+    bound: Option<std::time::Duration>,
+    answer: impl std::future::Future<Output = T>,
+) -> Result<T, DbError> {
+    match bound {
+        None => Ok(answer.await),
+        Some(bound) => tokio::time::timeout(bound, answer).await.map_err(|_| {
+            DbError::new(
+                ErrorKind::ConnectionLost,
+                format!(
+                    "no answer from the server within {bound:?}: the connection is taken as lost"
+                ),
+            )
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use tokio::sync::Mutex;
 
 use crate::database::Database;
-use crate::error::DbError;
+use crate::error::{within, DbError};
 use crate::mode::{self, Ran, StatementMode};
 use crate::pg::{execute_prepared, query_prepared};
 use crate::rows::Rows;
@@ -105,6 +105,8 @@ impl<'a> Handle<'a> {
 pub struct PgTransaction<'a> {
     handle: Handle<'a>,
     mode: StatementMode,
+    /// How long each round trip may wait for the server (see `with_round_trip_bound`).
+    round_trip_bound: Option<std::time::Duration>,
     serial: Mutex<()>,
     /// Set when a batch was cancelled inside its savepoint, which must then be rolled back.
     pending_rollback: AtomicBool,
@@ -137,10 +139,20 @@ impl<'a> PgTransaction<'a> {
         self
     }
 
+    /// Bounds each call's wait for the server: no answer within `bound` fails the call with
+    /// [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost) (the worker sets it a
+    /// little above its statement timeout, so a connection that went silent cannot hang a
+    /// handler).
+    pub fn with_round_trip_bound(mut self, bound: Option<std::time::Duration>) -> Self {
+        self.round_trip_bound = bound;
+        self
+    }
+
     fn with_handle(handle: Handle<'a>) -> Self {
         Self {
             handle,
             mode: StatementMode::Prepared,
+            round_trip_bound: None,
             serial: Mutex::new(()),
             pending_rollback: AtomicBool::new(false),
         }
@@ -149,7 +161,7 @@ impl<'a> PgTransaction<'a> {
     /// Rolls back the savepoint of a cancelled batch, if there is one.
     async fn restore(&self) -> Result<(), DbError> {
         if self.pending_rollback.swap(false, Ordering::SeqCst) {
-            self.handle.batch_execute(sql::BATCH_ROLLBACK).await?;
+            self.batch_execute(sql::BATCH_ROLLBACK).await?;
         }
         Ok(())
     }
@@ -164,6 +176,19 @@ impl<'a> PgTransaction<'a> {
     }
 
     async fn execute_one(&self, statement: &Statement) -> Result<u64, DbError> {
+        within(self.round_trip_bound, self.execute_unbounded(statement)).await?
+    }
+
+    async fn query_one(&self, statement: &Statement) -> Result<Rows, DbError> {
+        within(self.round_trip_bound, self.query_unbounded(statement)).await?
+    }
+
+    /// Runs one of the transaction's own statements (savepoints), within the round-trip bound.
+    async fn batch_execute(&self, sql: &str) -> Result<(), DbError> {
+        within(self.round_trip_bound, self.handle.batch_execute(sql)).await?
+    }
+
+    async fn execute_unbounded(&self, statement: &Statement) -> Result<u64, DbError> {
         if self.mode == StatementMode::Unnamed {
             return Ok(self.handle.run_unnamed(statement).await?.affected);
         }
@@ -171,7 +196,7 @@ impl<'a> PgTransaction<'a> {
         self.handle.execute(&prepared, statement).await
     }
 
-    async fn query_one(&self, statement: &Statement) -> Result<Rows, DbError> {
+    async fn query_unbounded(&self, statement: &Statement) -> Result<Rows, DbError> {
         if self.mode == StatementMode::Unnamed {
             let ran = self.handle.run_unnamed(statement).await?;
             return Ok(Rows::decode_unnamed(&ran.rows));
@@ -247,7 +272,7 @@ impl Database for PgTransaction<'_> {
         }
         let _serial = self.serial.lock().await;
         self.restore().await?;
-        let tx = self.handle;
+        let tx = self;
         tx.batch_execute(sql::BATCH_SAVEPOINT).await?;
         let mut armed = Armed(Some(&self.pending_rollback));
         match self.run_all(statements).await {

@@ -182,6 +182,9 @@ enum Mode<T> {
     Plain(Arc<dyn Handler<T>>),
 }
 
+/// What a round trip may take beyond the statement timeout before its connection is given up.
+const ROUND_TRIP_MARGIN: Duration = Duration::from_secs(2);
+
 /// What every task of a running worker shares.
 struct Shared {
     db: PgDatabase,
@@ -264,6 +267,15 @@ impl Shared {
     }
 
     /// Pauses after an error, so a database that is down is not hammered.
+    /// How long the worker waits for an answer to one round trip: its statement timeout and a
+    /// margin, past which the server would have answered with an error (`None` when statements
+    /// are not bounded). Beyond it the connection is taken as lost: one that went silent without
+    /// closing (half-open) would otherwise hang its slot for ever.
+    fn round_trip_bound(&self) -> Option<Duration> {
+        let timeout = self.settings.statement_timeout;
+        (!timeout.is_zero()).then(|| timeout + ROUND_TRIP_MARGIN)
+    }
+
     async fn back_off(&self, error: &DbError) {
         tracing::warn!(queue = %self.queue, %error, "worker error; retrying shortly");
         tokio::select! {

@@ -22,7 +22,7 @@ use super::calls::{self, Taken};
 use super::{
     catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, TxHandler, WorkerStats,
 };
-use crate::error::{DbError, ErrorKind};
+use crate::error::{within, DbError, ErrorKind};
 use crate::mode::{self, StatementMode};
 use crate::sql;
 use crate::tx::PgTransaction;
@@ -114,9 +114,13 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
 /// After an error, the connection rolled back for reuse, or `None` when it is in doubt (dropped
 /// in a transaction, it is closed, and the pool replaces it).
 async fn recover_connection(mut conn: SlotConnection, error: &DbError) -> Option<SlotConnection> {
-    let rolled_back = !conn.in_transaction
-        || (error.kind() != ErrorKind::ConnectionLost
-            && conn.client().batch_execute(sql::ROLLBACK).await.is_ok());
+    if error.kind() == ErrorKind::ConnectionLost {
+        // Lost, or silent (no answer within the round-trip bound): closed, never pooled again.
+        conn.in_transaction = true;
+        return None;
+    }
+    let rolled_back =
+        !conn.in_transaction || conn.client().batch_execute(sql::ROLLBACK).await.is_ok();
     rolled_back.then(|| {
         conn.in_transaction = false;
         conn
@@ -184,23 +188,32 @@ async fn take_first(
     max: usize,
 ) -> Result<Vec<Taken>, DbError> {
     conn.in_transaction = true;
+    let bound = shared.round_trip_bound();
     let (begun, jobs) = match shared.settings.claim {
         Claim::Lease => {
-            let (jobs, begun) = tokio::join!(
-                take_query(shared, conn, max),
-                conn.client().batch_execute(&conn.begins.begin)
-            );
+            let (jobs, begun) = within(bound, async {
+                tokio::join!(
+                    take_query(shared, conn, max),
+                    conn.client().batch_execute(&conn.begins.begin)
+                )
+            })
+            .await?;
             (begun, jobs)
         }
-        Claim::Lock => tokio::join!(
-            conn.client().batch_execute(&conn.begins.begin),
-            take_query(shared, conn, max)
-        ),
+        Claim::Lock => {
+            within(bound, async {
+                tokio::join!(
+                    conn.client().batch_execute(&conn.begins.begin),
+                    take_query(shared, conn, max)
+                )
+            })
+            .await?
+        }
     };
     begun?;
     let jobs = jobs?;
     if jobs.is_empty() {
-        conn.client().batch_execute(sql::ROLLBACK).await?;
+        within(bound, conn.client().batch_execute(sql::ROLLBACK)).await??;
         conn.in_transaction = false;
     }
     Ok(jobs)
@@ -418,7 +431,8 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         }
     };
     let port = PgTransaction::in_transaction(conn.client())
-        .with_statement_mode(shared.db.statement_mode());
+        .with_statement_mode(shared.db.statement_mode())
+        .with_round_trip_bound(shared.round_trip_bound());
     let result = catch_handler(handler.handle(
         Job {
             id: job.id,
@@ -476,10 +490,13 @@ impl Group {
         );
         let client = conn.client();
         let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
-        let (restarted, fenced) = tokio::join!(
-            client.batch_execute(&conn.begins.rollback_begin),
-            conn.query(Call::Fence, &params)
-        );
+        let (restarted, fenced) = within(shared.round_trip_bound(), async {
+            tokio::join!(
+                client.batch_execute(&conn.begins.rollback_begin),
+                conn.query(Call::Fence, &params)
+            )
+        })
+        .await?;
         restarted?;
         let held: HashSet<i64> = fenced?
             .iter()
@@ -528,14 +545,17 @@ impl Group {
     ) -> Result<(), DbError> {
         let failure = &mut self.failures[index];
         let mut tally = WorkerStats::default();
-        let applied = super::settle_failure(
-            shared,
-            conn.client(),
-            &failure.job,
-            failure.outcome.clone(),
-            &mut tally,
+        let applied = within(
+            shared.round_trip_bound(),
+            super::settle_failure(
+                shared,
+                conn.client(),
+                &failure.job,
+                failure.outcome.clone(),
+                &mut tally,
+            ),
         )
-        .await?;
+        .await??;
         tally.lost += u64::from(!applied);
         tally.failed += u64::from(failure.failed);
         failure.tally = tally;
@@ -554,11 +574,14 @@ impl Group {
         let client = conn.client();
         let done: [&Param; 3] = [&shared.queue, &ids, &tokens];
         let rest: [&Param; 3] = [&shared.queue, &rest_ids, &rest_tokens];
-        let (acked, committed, fenced) = tokio::join!(
-            conn.query(Call::AckAll, &done),
-            client.batch_execute(&conn.begins.commit_begin),
-            conn.query(Call::Fence, &rest)
-        );
+        let (acked, committed, fenced) = within(shared.round_trip_bound(), async {
+            tokio::join!(
+                conn.query(Call::AckAll, &done),
+                client.batch_execute(&conn.begins.commit_begin),
+                conn.query(Call::Fence, &rest)
+            )
+        })
+        .await?;
         if let Err(error) = acked.and(committed.map_err(DbError::from)) {
             return self.recover(shared, conn, error).await;
         }
@@ -595,38 +618,54 @@ impl Group {
         let client = conn.client();
         let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
         let ack = conn.query(Call::AckAll, &params);
+        let bound = shared.round_trip_bound();
         let (settled, next) = if stopping {
-            let (acked, committed) = tokio::join!(ack, client.batch_execute(sql::COMMIT));
+            let (acked, committed) = within(bound, async {
+                tokio::join!(ack, client.batch_execute(sql::COMMIT))
+            })
+            .await?;
             (acked.and(committed.map_err(DbError::from)), Ok(Vec::new()))
         } else {
             match shared.settings.claim {
                 // The next lease commits with this group.
                 Claim::Lease => {
-                    let (acked, next, committed) = tokio::join!(
-                        ack,
-                        take_query(shared, conn, size.current),
-                        client.batch_execute(&conn.begins.commit_begin)
-                    );
+                    let (acked, next, committed) = within(bound, async {
+                        tokio::join!(
+                            ack,
+                            take_query(shared, conn, size.current),
+                            client.batch_execute(&conn.begins.commit_begin)
+                        )
+                    })
+                    .await?;
                     // An error of the ack comes first: it aborted the transaction, and with it the
                     // lease and the commit.
                     match (acked, next) {
                         (Ok(_), Ok(next)) => (committed.map_err(DbError::from).map(drop), Ok(next)),
-                        (Err(error), _) | (Ok(_), Err(error)) => (Err(error), Ok(Vec::new())),
+                        (Err(error), next) => (Err(error), next),
+                        (Ok(_), Err(error)) => (Err(error), Ok(Vec::new())),
                     }
                 }
                 // The next lock is taken in the next group's transaction.
                 Claim::Lock => {
-                    let (acked, committed, next) = tokio::join!(
-                        ack,
-                        client.batch_execute(&conn.begins.commit_begin),
-                        take_query(shared, conn, size.current)
-                    );
+                    let (acked, committed, next) = within(bound, async {
+                        tokio::join!(
+                            ack,
+                            client.batch_execute(&conn.begins.commit_begin),
+                            take_query(shared, conn, size.current)
+                        )
+                    })
+                    .await?;
                     (acked.and(committed.map_err(DbError::from)), next)
                 }
             }
         };
         if let Err(error) = settled {
-            // Nothing was committed: a lease taken in the same transaction was rolled back too.
+            // Nothing was committed: a lease taken in the same transaction was rolled back too,
+            // or, when the commit's answer was lost, it took and nothing works on its jobs here;
+            // either way the heartbeat must not keep them (they run again after their lease).
+            if let Ok(next) = &next {
+                shared.release(next.iter().map(|job| job.id));
+            }
             return self.recover(shared, conn, error).await.map(|()| None);
         }
         self.committed(shared);
@@ -635,7 +674,7 @@ impl Group {
         }
         let next = next?;
         if next.is_empty() && conn.in_transaction {
-            conn.client().batch_execute(sql::ROLLBACK).await?;
+            within(bound, conn.client().batch_execute(sql::ROLLBACK)).await??;
             conn.in_transaction = false;
         }
         Ok(Some(next))

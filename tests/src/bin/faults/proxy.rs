@@ -191,7 +191,15 @@ async fn client_to_server(
         from.read_exact(&mut body).await?;
         hold_if_frozen(link).await;
         let query = (kind == b'Q').then(|| body.strip_suffix(&[0]).unwrap_or(&body));
-        let is = |word: &[u8]| query.is_some_and(|q| q.eq_ignore_ascii_case(word));
+        // The message's first command: a worker sends `COMMIT; BEGIN; SET LOCAL ...` as one.
+        let is = |word: &[u8]| {
+            query.is_some_and(|q| {
+                q.len() >= word.len()
+                    && q[..word.len()].eq_ignore_ascii_case(word)
+                    && q.get(word.len())
+                        .is_none_or(|&c| c == b';' || c.is_ascii_whitespace())
+            })
+        };
         if is(b"BEGIN") {
             let delay = state.begin_delay_ms.load(Ordering::SeqCst);
             if delay > 0 {

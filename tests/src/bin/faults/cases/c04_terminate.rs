@@ -100,10 +100,10 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
                 tokio::time::sleep(Duration::from_millis(rng.u64(30..150))).await;
                 let victims = killer
                     .query(
-                        "SELECT pid, query = 'COMMIT' AND state = 'active' FROM pg_stat_activity \
+                        "SELECT pid, query LIKE 'COMMIT%' AND state = 'active' FROM pg_stat_activity \
                          WHERE application_name = $1 AND pid <> pg_backend_pid() \
                          AND (state LIKE 'idle in transaction%' \
-                              OR (state = 'active' AND query = 'COMMIT'))",
+                              OR (state = 'active' AND query LIKE 'COMMIT%'))",
                         &[&app],
                     )
                     .await;

@@ -57,7 +57,7 @@ async fn pid_running_commit(admin: &Client, app: &str) -> Result<bool> {
     Ok(admin
         .query_opt(
             "SELECT pid FROM pg_stat_activity WHERE application_name = $1 \
-             AND state = 'active' AND query = 'COMMIT'",
+             AND state = 'active' AND query LIKE 'COMMIT%'",
             &[&app],
         )
         .await?
