@@ -195,14 +195,19 @@ async fn workers_through_pgbouncer_with_more_clients_than_servers_deliver_every_
     two.batch_execute("COMMIT").await.unwrap();
 }
 
-/// How many sessions of this test's schema are listening, seen on a direct connection.
+/// How many sessions of this test's schema are listening, seen on a direct connection: those
+/// whose last statement was a LISTEN, or which sleep on a queue (`inbox_sleep`, whose lock has
+/// `objsubid` 26978; see `docs/sql-api.md`).
 async fn listeners(db: &TestDb) -> i64 {
     db.client()
         .await
         .query_one(
-            "SELECT count(*) FROM pg_stat_activity \
+            "SELECT count(*) FROM pg_stat_activity a \
              WHERE application_name = current_setting('application_name') \
-               AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'",
+               AND pid <> pg_backend_pid() \
+               AND (query LIKE 'LISTEN%' \
+                    OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid \
+                                AND l.locktype = 'advisory' AND l.objsubid = 26978))",
             &[],
         )
         .await
