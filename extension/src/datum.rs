@@ -186,3 +186,15 @@ unsafe impl SqlTranslatable for RegClass {
     const RETURN_SQL: Result<ReturnsRef, ReturnsError> =
         Ok(ReturnsRef::One(SqlMappingRef::literal("regclass")));
 }
+
+/// Raises `2202E` unless `ids` and `tokens` have the same length; returns it.
+pub(crate) fn same_length(ids: &BigintArray, tokens: &BigintArray) -> usize {
+    let (id_facts, token_facts) = (array_facts(ids.0, "ids"), array_facts(tokens.0, "tokens"));
+    if id_facts.len != token_facts.len {
+        crate::error::raise(
+            crate::error::ERRCODE_ARRAY_ELEMENT_ERROR,
+            format!("{} ids given with {} tokens", id_facts.len, token_facts.len),
+        );
+    }
+    id_facts.len
+}

@@ -555,13 +555,7 @@ fn inbox_ack_batch(
 /// Acks the jobs of `ids` still held by their `tokens`, and promotes the next job of every group
 /// whose head it acked; returns how many it acked. `2202E` for arrays of unequal length.
 pub(crate) fn ack_batch(queue: pg_sys::Oid, ids: BigintArray, tokens: BigintArray) -> i64 {
-    let (id_facts, token_facts) = (array_facts(ids.0, "ids"), array_facts(tokens.0, "tokens"));
-    if id_facts.len != token_facts.len {
-        raise(
-            ERRCODE_ARRAY_ELEMENT_ERROR,
-            format!("{} ids given with {} tokens", id_facts.len, token_facts.len),
-        );
-    }
+    crate::datum::same_length(&ids, &tokens);
     Spi::connect_mut(|client| {
         let plan = plans::queue_plan(client, queue, Op::AckMany, statements::ack_many);
         let rows = client

@@ -4,7 +4,7 @@
 
 use pgrx::prelude::*;
 
-use crate::datum::{array_facts, BigintArray, RegClass};
+use crate::datum::{array_facts, same_length, BigintArray, RegClass};
 use crate::error::*;
 use crate::plans::{self, Op};
 use crate::shape::QueueShape;
@@ -25,18 +25,6 @@ fn fence(queue: &QueueShape) -> Sql {
         ),
         args: vec![pg_sys::INT8ARRAYOID, pg_sys::INT8ARRAYOID],
     }
-}
-
-/// Raises `2202E` unless `ids` and `tokens` have the same length; returns it.
-fn same_length(ids: &BigintArray, tokens: &BigintArray) -> usize {
-    let (id_facts, token_facts) = (array_facts(ids.0, "ids"), array_facts(tokens.0, "tokens"));
-    if id_facts.len != token_facts.len {
-        raise(
-            ERRCODE_ARRAY_ELEMENT_ERROR,
-            format!("{} ids given with {} tokens", id_facts.len, token_facts.len),
-        );
-    }
-    id_facts.len
 }
 
 /// Locks, in the caller's transaction, the jobs among `ids` that their `tokens` still hold, and
@@ -75,8 +63,9 @@ fn inbox_ack_all(
     let queue = required(queue, "queue").0;
     let ids = required(ids, "ids");
     let tokens = required(tokens, "tokens");
-    let given = same_length(&ids, &tokens) as i64;
-    // The batch ack also promotes the next job of each ordered group whose head it finished.
+    let given = array_facts(ids.0, "ids").len as i64;
+    // The batch ack checks the arrays' lengths, and promotes the next job of each ordered group
+    // whose head it finished.
     let acked = crate::queue::ack_batch(queue, ids, tokens);
     if acked != given {
         raise(
