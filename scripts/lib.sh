@@ -127,6 +127,16 @@ fresh_database() {
   echo "$INBOX_PG_URL/$db"
 }
 
+# fresh_sql_only_database NAME: (re)creates database NAME with the SQL-only build
+# (sql/inbox-sql-only.sql) installed in its public schema; prints its URL.
+fresh_sql_only_database() {
+  local db=$1 psql=(psql -X -w -q -v ON_ERROR_STOP=1 -c 'SET client_min_messages = warning')
+  "${psql[@]}" -d postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" \
+    -c "CREATE DATABASE \"$db\"" >&2
+  "${psql[@]}" -d "$db" -o /dev/null -f "$REPO_ROOT/sql/inbox-sql-only.sql" >&2
+  echo "$INBOX_PG_URL/$db"
+}
+
 # prepare_database NAME: what the demo and the benchmark need before they run: the toolchain,
 # the extension built from the current sources and installed, a Postgres, and a fresh database
 # NAME with the extension, whose URL it leaves in $DATABASE_URL. (Not in a subshell: the

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: rustfmt, clippy, the extension's #[pg_test]s (cargo pgrx test), then the
-# workspace's integration tests (the `inbox` CLI's included), the Python and Node examples, the
-# upgrade from the previous release, then the fault suite (scripts/faults.sh), against a fresh
-# database with the extension installed.
+# workspace's integration tests (the `inbox` CLI's included) and the Python and Node examples,
+# against a fresh database with the extension installed and again against one with the SQL-only
+# build (scripts/sql-only-test.sh checks that build first), the upgrade from the previous release,
+# then the fault suite (scripts/faults.sh).
 # Works from any directory; run as root (Postgres runs as user postgres).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -46,6 +47,16 @@ INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --profile 
 banner "the Python and Node examples (examples/run.sh against $url)"
 ensure_example_runtimes
 DATABASE_URL="$url" examples/run.sh
+
+banner "the SQL-only build (scripts/sql-only-test.sh)"
+./scripts/sql-only-test.sh "$INBOX_PG_URL"
+sql_only_url="$INBOX_PG_URL/inbox_sql_only"
+
+banner "cargo test on the SQL-only build (the same integration tests against $sql_only_url)"
+INBOX_TEST_DATABASE_URL="$sql_only_url" cargo test --workspace --exclude inbox --profile ci
+
+banner "the Python and Node examples on the SQL-only build"
+DATABASE_URL="$sql_only_url" examples/run.sh
 
 banner "the upgrade from the previous release (scripts/upgrade-test.sh)"
 ./scripts/upgrade-test.sh "$INBOX_PG_URL"

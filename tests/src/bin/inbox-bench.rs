@@ -33,6 +33,7 @@ mod upkeep;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use measure::Row;
 use setup::{Ctx, Opts, Result, Side};
 
 const USAGE: &str = "usage: inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] \
@@ -135,6 +136,11 @@ async fn run(args: &[String]) -> Result<()> {
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));
     }
+    if let Some(sql_only) = sql_only_ctx(&ctx).await? {
+        let at = Instant::now();
+        rows.extend(sql_only_rows(&sql_only).await?);
+        timings.push(format!("SQL-only: {:.0} s", at.elapsed().as_secs_f64()));
+    }
     report::print_table(&header, &rows);
     let json = report::to_json(&header, &rows)?;
     let dir = root().join("target/bench");
@@ -151,6 +157,45 @@ async fn run(args: &[String]) -> Result<()> {
         println!("wrote {}", chart.display());
     }
     Ok(())
+}
+
+/// The figures that are also measured on the SQL-only build (`SQL_ONLY_DATABASE_URL`, a database
+/// where `sql/inbox-sql-only.sql` was installed): the calls and the worker, beside the same raw SQL.
+const SQL_ONLY_FIGURES: [u8; 4] = [1, 2, 3, 4];
+
+/// A context on the SQL-only build's database, when `SQL_ONLY_DATABASE_URL` names one and one of
+/// [`SQL_ONLY_FIGURES`] was asked for.
+async fn sql_only_ctx(ctx: &Ctx) -> Result<Option<Ctx>> {
+    let Ok(url) = std::env::var("SQL_ONLY_DATABASE_URL") else {
+        return Ok(None);
+    };
+    let mut opts = ctx.opts.clone();
+    opts.figures.retain(|f| SQL_ONLY_FIGURES.contains(f));
+    if opts.figures.is_empty() {
+        return Ok(None);
+    }
+    let sql_only = Ctx::new(&url, opts)?;
+    setup::create_tables(&sql_only.connect().await?).await?;
+    Ok(Some(sql_only))
+}
+
+/// Figures 1 to 4 again on the SQL-only build; each row's name says so, and its ratio is to the
+/// raw SQL measured in the same database.
+async fn sql_only_rows(ctx: &Ctx) -> Result<Vec<Row>> {
+    println!("\n-- the SQL-only build ({}) --", ctx.url);
+    let mut rows = Vec::new();
+    for &figure in &ctx.opts.figures {
+        rows.extend(match figure {
+            1 => figures::claims(ctx).await?,
+            2 => figures::enqueues(ctx).await?,
+            3 => figures::settles(ctx).await?,
+            _ => figures::worker(ctx).await?,
+        });
+    }
+    for row in &mut rows {
+        row.name = format!("SQL-only build: {}", row.name);
+    }
+    Ok(rows)
 }
 
 /// `chart [JSON] [SVG]`: draws the chart of a results file (default: the latest run, to

@@ -1,0 +1,109 @@
+-- Ordered groups (groups.rs): the jobs of one group_key run one at a time, in enqueue order.
+-- Enqueues into a group and promotions of its head hold the same transaction-scoped advisory
+-- locks as the pgrx build: (queue, 0) shared, then (queue, hashtext(group_key) | 1); more than 64
+-- groups at once take (queue, 0) exclusively instead.
+
+-- Takes the locks of `groups` until the transaction ends.
+CREATE OR REPLACE FUNCTION inbox__group_lock(queue regclass, groups text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    k int4 := inbox__lock_key(queue);
+    distinct_groups text[] := ARRAY(SELECT DISTINCT g FROM unnest(groups) AS g WHERE g IS NOT NULL);
+    n int := cardinality(distinct_groups);
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    ELSIF n = 1 THEN
+        PERFORM pg_advisory_xact_lock_shared(k, 0), pg_advisory_xact_lock(k, hashtext(distinct_groups[1]) | 1);
+    ELSIF n > 64 THEN
+        PERFORM pg_advisory_xact_lock(k, 0);
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(k, 0);
+        PERFORM pg_advisory_xact_lock(k, h)
+           FROM (SELECT DISTINCT hashtext(g) | 1 AS h FROM unnest(distinct_groups) AS g ORDER BY 1) AS locks;
+    END IF;
+END
+$$;
+
+-- The condition that alias's row is its group's head: in the group, not dead, not waiting.
+CREATE OR REPLACE FUNCTION inbox__head_predicate(shape inbox__queue_shape, alias text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
+RETURN format('%1$s.dead_at IS NULL AND %2$s', alias,
+              CASE WHEN shape.nullable_locked_until
+                   THEN format('(%1$s.locked_until IS NULL OR %1$s.locked_until < ''infinity'')', alias)
+                   ELSE format('%1$s.locked_until < ''infinity''', alias) END);
+
+-- Whether the group has a head or waiting jobs, so that a new job waits. Each statement of a
+-- volatile function reads the latest committed state (under READ COMMITTED), after the lock.
+CREATE OR REPLACE FUNCTION inbox__group_busy(shape inbox__queue_shape, group_key text) RETURNS bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    busy bool;
+BEGIN
+    EXECUTE format(
+        'SELECT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %2$s) '
+        '    OR EXISTS (SELECT FROM %1$s AS w WHERE w.group_key = $1 AND w.dead_at IS NULL '
+        '                                       AND w.locked_until = ''infinity'')',
+        shape.table_sql, inbox__head_predicate(shape, 'a'))
+      INTO busy USING group_key;
+    RETURN coalesce(busy, false);
+END
+$$;
+
+-- Each group without a head gets its oldest waiting job as head, due at its run_at or now.
+CREATE OR REPLACE FUNCTION inbox__promote(shape inbox__queue_shape, groups text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    EXECUTE format(
+        'UPDATE %1$s AS q SET locked_until = %2$s '
+        ' WHERE q.id = ANY (ARRAY( '
+        '       SELECT (SELECT w.id FROM %1$s AS w '
+        '                WHERE w.group_key = g.key AND w.dead_at IS NULL '
+        '                  AND w.locked_until = ''infinity'' '
+        '                ORDER BY w.id LIMIT 1) '
+        '         FROM unnest($1::text[]) AS g(key) '
+        '        WHERE NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = g.key AND %3$s))) '
+        '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL',
+        shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
+        inbox__head_predicate(shape, 'a'))
+      USING groups, clock_timestamp();
+END
+$$;
+
+-- inbox__promote for one group, the form a settlement runs.
+CREATE OR REPLACE FUNCTION inbox__promote_one(shape inbox__queue_shape, group_key text) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    EXECUTE format(
+        'UPDATE %1$s AS q SET locked_until = %2$s '
+        ' WHERE q.id = (SELECT w.id FROM %1$s AS w '
+        '                WHERE w.group_key = $1 AND w.dead_at IS NULL '
+        '                  AND w.locked_until = ''infinity'' '
+        '                ORDER BY w.id LIMIT 1) '
+        '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL '
+        '   AND NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %3$s)',
+        shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
+        inbox__head_predicate(shape, 'a'))
+      USING group_key, clock_timestamp();
+END
+$$;
+
+-- After a settlement or requeue changed the heads of `groups`: locks them and promotes the next
+-- job of those left without a head.
+CREATE OR REPLACE FUNCTION inbox__groups_settled(queue regclass, shape inbox__queue_shape, groups text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    distinct_groups text[] := ARRAY(SELECT DISTINCT g FROM unnest(groups) AS g WHERE g IS NOT NULL ORDER BY 1);
+BEGIN
+    IF cardinality(distinct_groups) = 0 THEN
+        RETURN;
+    END IF;
+    PERFORM inbox__group_lock(queue, distinct_groups);
+    IF cardinality(distinct_groups) = 1 THEN
+        PERFORM inbox__promote_one(shape, distinct_groups[1]);
+    ELSE
+        PERFORM inbox__promote(shape, distinct_groups);
+    END IF;
+END
+$$;

@@ -1,0 +1,58 @@
+-- The calls with which a worker commits a group of deliveries in one transaction without a
+-- savepoint (worker_calls.rs): settle all or nothing (inbox_ack_all), fence a replayed group
+-- (inbox_fence).
+
+CREATE OR REPLACE FUNCTION inbox_fence(queue regclass, ids bigint[], tokens bigint[]) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    shape inbox__queue_shape;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
+    END IF;
+    IF ids IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL';
+    END IF;
+    IF tokens IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'tokens must not be NULL';
+    END IF;
+    PERFORM inbox__same_length(ids, tokens);
+    shape := inbox__queue_shape(queue);
+    -- Waits for a lock held by another transaction (a heartbeat's, or a worker's that will settle
+    -- the job, after which it is no longer the token's).
+    RETURN QUERY EXECUTE format(
+        'SELECT q.id::int8 FROM %s AS q JOIN unnest($1::int8[], $2::int8[]) AS s(id, token) '
+        '    ON q.id = s.id '
+        ' WHERE q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
+        '   AND q.locked_until IS DISTINCT FROM ''infinity'' '
+        ' ORDER BY q.id FOR UPDATE OF q', shape.table_sql)
+      USING ids, tokens;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox_ack_all(queue regclass, ids bigint[], tokens bigint[]) RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    given bigint;
+    acked bigint;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
+    END IF;
+    IF ids IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ids must not be NULL';
+    END IF;
+    IF tokens IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'tokens must not be NULL';
+    END IF;
+    given := inbox__array_length(ids, 'ids');
+    acked := inbox__ack_batch(queue, ids, tokens);
+    IF acked <> given THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('%s of %s jobs are no longer held by their tokens', given - acked, given);
+    END IF;
+    RETURN acked;
+END
+$$;
