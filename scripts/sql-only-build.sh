@@ -22,10 +22,13 @@ build() {
 -- Everything is created in one transaction: an error installs nothing.
 
 BEGIN;
--- The functions are created with SET search_path FROM CURRENT: they resolve the catalog first,
--- then this build's own objects in the install schema, never the caller's schemas.
+-- Objects are created in the install schema (the first of the search_path). The functions are
+-- created with SET search_path FROM CURRENT, and pinned at the end to the catalog first, then
+-- this build's own objects, never the caller's schemas.
 SELECT pg_catalog.set_config('search_path',
-    'pg_catalog, ' || pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_temp', true);
+    pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_catalog, pg_temp', true);
+-- Installing again over an install says nothing of the objects that are already there.
+SET LOCAL client_min_messages = warning;
 HEADER
   local source
   for source in sql/shared/*.sql sql/sql-only/*.sql; do
@@ -33,7 +36,27 @@ HEADER
     printf '\n-- ---- %s ----\n\n' "$source"
     cat "$source"
   done
-  printf '\nCOMMIT;\n'
+  cat <<'FOOTER'
+
+-- Every function that pinned the install's search_path now resolves the catalog first.
+DO $pin$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
+                AND p.proname LIKE 'inbox%'
+                AND EXISTS (SELECT FROM pg_catalog.unnest(p.proconfig) c
+                             WHERE c LIKE 'search\_path=%')
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
+                                  f, pg_catalog.current_schema());
+    END LOOP;
+END
+$pin$;
+
+COMMIT;
+FOOTER
 }
 
 if [[ "${1:-}" == "--check" ]]; then

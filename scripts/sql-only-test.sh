@@ -62,7 +62,7 @@ banner "SQL-only: the same API as the pgrx build"
 api_sql="
 SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> '
        || pg_get_function_result(p.oid)
-       || ' | ' || concat_ws(' ', 'volatile=' || p.provolatile, 'parallel=' || p.proparallel,
+       || ' | ' || concat_ws(' ', 'volatile=' || p.provolatile::text, 'parallel=' || p.proparallel::text,
                              'strict=' || p.proisstrict, 'definer=' || p.prosecdef,
                              'leakproof=' || p.proleakproof, 'rows=' || p.prorows)
        || ' | ' || coalesce((SELECT string_agg(c, ', ' ORDER BY c) FROM unnest(p.proconfig) c
@@ -133,7 +133,7 @@ if ! diff -u "$work/sql-only.txt" "$work/reinstalled.txt"; then
   exit 1
 fi
 echo "ok: the catalog equals a fresh install"
-psql_on inbox_sql_only -c "SELECT inbox_purge('seen', now() + interval '1 day')" \
+psql_on inbox_sql_only -o /dev/null -c "SELECT inbox_purge('seen', now() + interval '1 day')" \
   -c "DROP TABLE jobs, seen" -c "DELETE FROM inbox_periodic_jobs"
 
 for db in inbox_sql_only_fresh inbox_sql_only_pgrx; do

@@ -10,10 +10,13 @@
 -- Everything is created in one transaction: an error installs nothing.
 
 BEGIN;
--- The functions are created with SET search_path FROM CURRENT: they resolve the catalog first,
--- then this build's own objects in the install schema, never the caller's schemas.
+-- Objects are created in the install schema (the first of the search_path). The functions are
+-- created with SET search_path FROM CURRENT, and pinned at the end to the catalog first, then
+-- this build's own objects, never the caller's schemas.
 SELECT pg_catalog.set_config('search_path',
-    'pg_catalog, ' || pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_temp', true);
+    pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_catalog, pg_temp', true);
+-- Installing again over an install says nothing of the objects that are already there.
+SET LOCAL client_min_messages = warning;
 
 -- ---- sql/shared/periodic_jobs.sql ----
 
@@ -207,54 +210,65 @@ BEGIN
 END
 $$;
 
--- The table's quoted name and its live columns (name, type, not null); 42P01 for an oid that is
--- no table any more, 42809 for a relation that is not an ordinary or partitioned table.
-CREATE OR REPLACE FUNCTION inbox__table_columns(tab regclass, OUT table_sql text,
-                                                OUT names text[], OUT types oid[], OUT not_nulls bool[])
+-- Reads the table's quoted name and the columns `names` (the first `required` of them required),
+-- each checked to be of its kind: i an integer, x text, t timestamptz, p jsonb or bytea. Returns
+-- the type of each column (NULL when absent) and whether it is NOT NULL. Raises as shape.rs:
+-- 42P01 for an oid that is no table any more, 42809 for a relation that is not an ordinary or
+-- partitioned table, 42703 for a missing column, 42804 for a mistyped one. One catalog query.
+CREATE OR REPLACE FUNCTION inbox__checked_columns(tab regclass, kind text, names text[], kinds text,
+                                                  required int, OUT table_sql text,
+                                                  OUT types oid[], OUT not_nulls bool[])
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
     relkind text;
+    found_names text[];
+    found_types oid[];
+    found_not_nulls bool[];
+    accepted oid[];
+    at int;
 BEGIN
-    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname)
-      INTO relkind, table_sql
-      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE c.oid = tab;
-    IF NOT FOUND THEN
+    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname),
+           array_agg(a.attname::text), array_agg(a.atttypid), array_agg(a.attnotnull)
+      INTO relkind, table_sql, found_names, found_types, found_not_nulls
+      FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_attribute a
+             ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (names)
+     WHERE c.oid = tab
+     GROUP BY 1, 2;
+    IF relkind IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('no table with oid %s', tab::oid);
     END IF;
     IF relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', table_sql);
     END IF;
-    SELECT coalesce(array_agg(a.attname::text), '{}'), coalesce(array_agg(a.atttypid), '{}'),
-           coalesce(array_agg(a.attnotnull), '{}')
-      INTO names, types, not_nulls
-      FROM pg_attribute a
-     WHERE a.attrelid = tab AND a.attnum > 0 AND NOT a.attisdropped;
-END
-$$;
-
--- Position of column `name` among `names`, checked to be one of `accepted`; 0 when absent and
--- optional. 42703 / 42804 as shape.rs.
-CREATE OR REPLACE FUNCTION inbox__column(kind text, table_sql text, names text[], types oid[],
-                                         name text, accepted oid[], required bool) RETURNS int
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    at int := array_position(names, name);
-BEGIN
-    IF at IS NULL THEN
-        IF required THEN
-            RAISE EXCEPTION USING ERRCODE = '42703',
-                MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, name);
+    types := '{}';
+    not_nulls := '{}';
+    FOR i IN 1 .. cardinality(names) LOOP
+        at := array_position(found_names, names[i]);
+        IF at IS NULL THEN
+            IF i <= required THEN
+                RAISE EXCEPTION USING ERRCODE = '42703',
+                    MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, names[i]);
+            END IF;
+            types := types || NULL::oid;
+            not_nulls := not_nulls || false;
+            CONTINUE;
         END IF;
-        RETURN 0;
-    END IF;
-    IF NOT types[at] = ANY (accepted) THEN
-        RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
-            'column "%s" of %s table %s is of type %s, expected %s', name, kind, table_sql,
-            format_type(types[at], NULL),
-            array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
-    END IF;
-    RETURN at;
+        accepted := CASE substr(kinds, i, 1)
+                        WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
+                        WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
+                        WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
+                        ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
+        IF NOT found_types[at] = ANY (accepted) THEN
+            RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
+                'column "%s" of %s table %s is of type %s, expected %s', names[i], kind, table_sql,
+                format_type(found_types[at], NULL),
+                array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
+        END IF;
+        types := types || found_types[at];
+        not_nulls := not_nulls || found_not_nulls[at];
+    END LOOP;
 END
 $$;
 
@@ -264,30 +278,23 @@ LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
     t record;
     shape inbox__queue_shape;
-    integers constant oid[] := '{21,23,20}';   -- smallint, integer, bigint
-    texts constant oid[] := '{25,1043}';        -- text, character varying
-    timestamptz constant oid[] := '{1184}';
-    locked_until int;
-    payload int;
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
-    t := inbox__table_columns(queue);
-    PERFORM inbox__column('queue', t.table_sql, t.names, t.types, 'id', integers, true);
-    PERFORM inbox__column('queue', t.table_sql, t.names, t.types, 'attempt', integers, true);
-    locked_until := inbox__column('queue', t.table_sql, t.names, t.types, 'locked_until', timestamptz, true);
-    payload := inbox__column('queue', t.table_sql, t.names, t.types, 'payload', '{3802,17}', true);
+    t := inbox__checked_columns(queue, 'queue',
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at}',
+        'iitpxxtixtt', 4);
     shape.table_sql := t.table_sql;
-    shape.payload := CASE WHEN t.types[payload] = 17 THEN 'bytea' ELSE 'jsonb' END;
-    shape.nullable_locked_until := NOT t.not_nulls[locked_until];
-    shape.has_key := inbox__column('queue', t.table_sql, t.names, t.types, 'key', texts, false) > 0;
-    shape.has_last_error := inbox__column('queue', t.table_sql, t.names, t.types, 'last_error', texts, false) > 0;
-    shape.has_leased_at := inbox__column('queue', t.table_sql, t.names, t.types, 'leased_at', timestamptz, false) > 0;
-    shape.has_priority := inbox__column('queue', t.table_sql, t.names, t.types, 'priority', integers, false) > 0;
-    shape.has_group_key := inbox__column('queue', t.table_sql, t.names, t.types, 'group_key', texts, false) > 0;
-    shape.has_dead_at := inbox__column('queue', t.table_sql, t.names, t.types, 'dead_at', timestamptz, false) > 0;
-    shape.has_run_at := inbox__column('queue', t.table_sql, t.names, t.types, 'run_at', timestamptz, false) > 0;
+    shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
+    shape.nullable_locked_until := NOT t.not_nulls[3];
+    shape.has_key := t.types[5] IS NOT NULL;
+    shape.has_last_error := t.types[6] IS NOT NULL;
+    shape.has_leased_at := t.types[7] IS NOT NULL;
+    shape.has_priority := t.types[8] IS NOT NULL;
+    shape.has_group_key := t.types[9] IS NOT NULL;
+    shape.has_dead_at := t.types[10] IS NOT NULL;
+    shape.has_run_at := t.types[11] IS NOT NULL;
     shape.groups := shape.has_group_key AND shape.has_dead_at;
     -- Only where a job can also wait in its group does dead_at tell the two apart.
     shape.dead_predicate := CASE WHEN shape.groups
@@ -300,16 +307,11 @@ $$;
 -- shape.rs LedgerShape::load.
 CREATE OR REPLACE FUNCTION inbox__ledger_shape(ledger regclass) RETURNS inbox__ledger_shape
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    t record;
 BEGIN
     IF ledger IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ledger must not be NULL';
     END IF;
-    t := inbox__table_columns(ledger);
-    PERFORM inbox__column('ledger', t.table_sql, t.names, t.types, 'event_key', '{25,1043}', true);
-    PERFORM inbox__column('ledger', t.table_sql, t.names, t.types, 'seen_at', '{1184}', true);
-    RETURN ROW(t.table_sql)::inbox__ledger_shape;
+    RETURN ROW((inbox__checked_columns(ledger, 'ledger', '{event_key,seen_at}', 'xt', 2)).table_sql)::inbox__ledger_shape;
 END
 $$;
 
@@ -328,6 +330,29 @@ CREATE OR REPLACE FUNCTION inbox__install_schema() RETURNS text
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT p.pronamespace::regnamespace::text FROM pg_proc p
      WHERE p.oid = 'inbox__install_schema()'::regprocedure
+$$;
+
+-- The name of a session-level prepared statement of `statement` (its parameters of `types`),
+-- prepared on first use: the statements a call runs are planned once per session and statement,
+-- as the pgrx build's plans are kept per backend and table (a table's DDL makes PostgreSQL plan
+-- them again; a change of its columns changes the statement, hence its name). A session setting
+-- remembers which are prepared, and pg_prepared_statements is asked only when it does not know
+-- (a new session, a RESET ALL, a rolled-back first use: PREPARE is not transactional).
+CREATE OR REPLACE FUNCTION inbox__prepared(statement text, types text) RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    statement_name text := 'inbox_' || md5(types || ';' || statement);
+    known text := coalesce(current_setting('inbox_sql_only.prepared', true), '');
+BEGIN
+    IF strpos(known, statement_name) > 0 THEN
+        RETURN statement_name;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_prepared_statements p WHERE p.name = statement_name) THEN
+        EXECUTE format('PREPARE %I (%s) AS %s', statement_name, types, statement);
+    END IF;
+    PERFORM set_config('inbox_sql_only.prepared', known || statement_name || ' ', false);
+    RETURN statement_name;
+END
 $$;
 
 -- ---- sql/sql-only/20-ledger.sql ----
@@ -377,10 +402,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'key must not be NULL';
     END IF;
     PERFORM inbox__finite_time(seen_at, 'seen_at');
-    EXECUTE format('INSERT INTO %s (event_key, seen_at) VALUES ($1, $2) ON CONFLICT (event_key) DO NOTHING',
-                   (inbox__ledger_shape(ledger)).table_sql)
-      USING key, seen_at;
-    GET DIAGNOSTICS claimed = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH claimed AS (INSERT INTO %s (event_key, seen_at) VALUES ($1, $2) '
+            '                 ON CONFLICT (event_key) DO NOTHING RETURNING 1) '
+            'SELECT count(*) FROM claimed', (inbox__ledger_shape(ledger)).table_sql), 'text, timestamptz'),
+        key, seen_at)
+      INTO claimed;
     RETURN claimed = 1;
 END
 $$;
@@ -403,8 +431,10 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox_seen(ledger regclass, key text) RETURNS bool
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+-- The statement runs in a volatile function, so that it reads the latest committed state with a
+-- snapshot of its own, as the pgrx build's statements do.
+CREATE OR REPLACE FUNCTION inbox__seen(ledger regclass, key text) RETURNS bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     seen bool;
 BEGIN
@@ -420,6 +450,14 @@ BEGIN
     RETURN coalesce(seen, false);
 END
 $$;
+
+CREATE OR REPLACE FUNCTION inbox_seen(ledger regclass, key text) RETURNS bool
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN inbox__seen(ledger, key);
+END
+$$;
+
 
 -- ---- sql/sql-only/25-groups.sql ----
 
@@ -465,12 +503,14 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     busy bool;
 BEGIN
-    EXECUTE format(
-        'SELECT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %2$s) '
-        '    OR EXISTS (SELECT FROM %1$s AS w WHERE w.group_key = $1 AND w.dead_at IS NULL '
-        '                                       AND w.locked_until = ''infinity'')',
-        shape.table_sql, inbox__head_predicate(shape, 'a'))
-      INTO busy USING group_key;
+    EXECUTE format('EXECUTE %I(%L)',
+        inbox__prepared(format(
+            'SELECT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %2$s) '
+            '    OR EXISTS (SELECT FROM %1$s AS w WHERE w.group_key = $1 AND w.dead_at IS NULL '
+            '                                       AND w.locked_until = ''infinity'')',
+            shape.table_sql, inbox__head_predicate(shape, 'a')), 'text'),
+        group_key)
+      INTO busy;
     RETURN coalesce(busy, false);
 END
 $$;
@@ -479,19 +519,21 @@ $$;
 CREATE OR REPLACE FUNCTION inbox__promote(shape inbox__queue_shape, groups text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    EXECUTE format(
-        'UPDATE %1$s AS q SET locked_until = %2$s '
-        ' WHERE q.id = ANY (ARRAY( '
-        '       SELECT (SELECT w.id FROM %1$s AS w '
-        '                WHERE w.group_key = g.key AND w.dead_at IS NULL '
-        '                  AND w.locked_until = ''infinity'' '
-        '                ORDER BY w.id LIMIT 1) '
-        '         FROM unnest($1::text[]) AS g(key) '
-        '        WHERE NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = g.key AND %3$s))) '
-        '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL',
-        shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
-        inbox__head_predicate(shape, 'a'))
-      USING groups, clock_timestamp();
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH promoted AS (UPDATE %1$s AS q SET locked_until = %2$s '
+            ' WHERE q.id = ANY (ARRAY( '
+            '       SELECT (SELECT w.id FROM %1$s AS w '
+            '                WHERE w.group_key = g.key AND w.dead_at IS NULL '
+            '                  AND w.locked_until = ''infinity'' '
+            '                ORDER BY w.id LIMIT 1) '
+            '         FROM unnest($1::text[]) AS g(key) '
+            '        WHERE NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = g.key AND %3$s))) '
+            '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL RETURNING 1) '
+            'SELECT count(*) FROM promoted',
+            shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
+            inbox__head_predicate(shape, 'a')), 'text[], timestamptz'),
+        groups, clock_timestamp());
 END
 $$;
 
@@ -499,17 +541,19 @@ $$;
 CREATE OR REPLACE FUNCTION inbox__promote_one(shape inbox__queue_shape, group_key text) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    EXECUTE format(
-        'UPDATE %1$s AS q SET locked_until = %2$s '
-        ' WHERE q.id = (SELECT w.id FROM %1$s AS w '
-        '                WHERE w.group_key = $1 AND w.dead_at IS NULL '
-        '                  AND w.locked_until = ''infinity'' '
-        '                ORDER BY w.id LIMIT 1) '
-        '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL '
-        '   AND NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %3$s)',
-        shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
-        inbox__head_predicate(shape, 'a'))
-      USING group_key, clock_timestamp();
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH promoted AS (UPDATE %1$s AS q SET locked_until = %2$s '
+            ' WHERE q.id = (SELECT w.id FROM %1$s AS w '
+            '                WHERE w.group_key = $1 AND w.dead_at IS NULL '
+            '                  AND w.locked_until = ''infinity'' '
+            '                ORDER BY w.id LIMIT 1) '
+            '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL '
+            '   AND NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %3$s) RETURNING 1) '
+            'SELECT count(*) FROM promoted',
+            shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
+            inbox__head_predicate(shape, 'a')), 'text, timestamptz'),
+        group_key, clock_timestamp());
 END
 $$;
 
@@ -714,9 +758,12 @@ BEGIN
         END IF;
     END IF;
     added := inbox__enqueue_columns(shape, '$3', '$5', '$6');
-    EXECUTE format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
-                   shape.table_sql, added.columns, added."values", inbox__on_key_conflict(shape))
-      INTO id USING payload, locked_until, key, priority, group_key, run_at;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+        inbox__prepared(format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
+                               shape.table_sql, added.columns, added."values", inbox__on_key_conflict(shape)),
+                        kind || ', timestamptz, text, int4, text, timestamptz'),
+        payload, locked_until, key, priority, group_key, run_at)
+      INTO id;
     PERFORM inbox__notify(queue);
     RETURN id;
 END
@@ -798,16 +845,19 @@ BEGIN
     -- A job with a group is inserted waiting, then each group without a head gets one, so that a
     -- key skipped as already queued never leaves a group without its head.
     added := inbox__enqueue_columns(shape, 'u.key', 'u.group_key', '$2');
-    EXECUTE format(
-        'WITH inserted AS (INSERT INTO %s (payload, locked_until%s) '
-        '  SELECT u.payload, %s%s '
-        '    FROM unnest($1, $3, $5) WITH ORDINALITY AS u(payload, key, group_key, n) '
-        '   ORDER BY u.n%s RETURNING id::int8) '
-        'SELECT coalesce(array_agg(id), ''{}'') FROM inserted',
-        shape.table_sql, added.columns,
-        CASE WHEN shape.groups THEN 'CASE WHEN u.group_key IS NULL THEN $2 ELSE ''infinity'' END' ELSE '$2' END,
-        added."values", inbox__on_key_conflict(shape))
-      INTO ids USING payloads, run_at, keys, priority, group_keys;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH inserted AS (INSERT INTO %s (payload, locked_until%s) '
+            '  SELECT u.payload, %s%s '
+            '    FROM unnest($1, $3, $5) WITH ORDINALITY AS u(payload, key, group_key, n) '
+            '   ORDER BY u.n%s RETURNING id::int8) '
+            'SELECT coalesce(array_agg(id), ''{}'') FROM inserted',
+            shape.table_sql, added.columns,
+            CASE WHEN shape.groups THEN 'CASE WHEN u.group_key IS NULL THEN $2 ELSE ''infinity'' END' ELSE '$2' END,
+            added."values", inbox__on_key_conflict(shape)),
+            kind || '[], timestamptz, text[], int4, text[]'),
+        payloads, run_at, keys, priority, group_keys)
+      INTO ids;
     IF group_keys IS NOT NULL THEN
         PERFORM inbox__promote(shape, group_keys);
     END IF;
@@ -886,24 +936,27 @@ BEGIN
     IF lease IS NULL THEN
         -- A lock's token is minus the attempt its settlement will count.
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
-        RETURN QUERY EXECUTE format(
-            'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
-            payloads, picked)
-          USING max, clock_timestamp();
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L)',
+            inbox__prepared(format(
+                'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
+                payloads, picked), 'int4, timestamptz'),
+            max, clock_timestamp());
     ELSE
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'taken.payload, NULL::bytea'
                          ELSE 'NULL::jsonb, taken.payload' END;
-        RETURN QUERY EXECUTE format(
-            'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
-            '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
-            '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
-            '    RETURNING q.id, q.attempt, q.payload) '
-            'SELECT taken.id::int8, taken.attempt::int4, taken.attempt::int8, %4$s '
-            '  FROM taken JOIN next ON next.id = taken.id '
-            ' ORDER BY next.rank, next.due%5$s, taken.id',
-            picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
-            payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END)
-          USING max, clock_timestamp(), lease;
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
+            inbox__prepared(format(
+                'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
+                '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
+                '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
+                '    RETURNING q.id, q.attempt, q.payload) '
+                'SELECT taken.id::int8, taken.attempt::int4, taken.attempt::int8, %4$s '
+                '  FROM taken JOIN next ON next.id = taken.id '
+                ' ORDER BY next.rank, next.due%5$s, taken.id',
+                picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
+                payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END),
+                'int4, timestamptz, interval'),
+            max, clock_timestamp(), lease);
     END IF;
 END
 $$;
@@ -971,10 +1024,13 @@ DECLARE
 BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
-    EXECUTE format('DELETE FROM %s WHERE %s%s', shape.table_sql, inbox__fence_predicate(),
-                   inbox__settled_group(shape, 'true'))
-      INTO group_key USING id, token;
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format('WITH settled AS (DELETE FROM %s WHERE %s%s) '
+                               'SELECT count(*), max(g) FROM settled AS s(g)',
+                               shape.table_sql, inbox__fence_predicate(), inbox__settled_group(shape, 'true')),
+                        'int8, int8'),
+        id, token)
+      INTO applied, group_key;
     -- A head that is done hands its group on to the next job.
     IF applied = 1 AND group_key IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
@@ -994,13 +1050,15 @@ DECLARE
 BEGIN
     PERFORM inbox__same_length(ids, tokens);
     shape := inbox__queue_shape(queue);
-    EXECUTE format(
-        'WITH acked AS (DELETE FROM %s AS q USING unnest($1::int8[], $2::int8[]) AS s(id, token) '
-        '  WHERE q.id = s.id AND q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
-        '    AND q.locked_until IS DISTINCT FROM ''infinity''%s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM acked AS a(g)',
-        shape.table_sql, inbox__settled_group(shape, 'true'))
-      INTO acked, groups USING ids, tokens;
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH acked AS (DELETE FROM %s AS q USING unnest($1::int8[], $2::int8[]) AS s(id, token) '
+            '  WHERE q.id = s.id AND q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
+            '    AND q.locked_until IS DISTINCT FROM ''infinity''%s) '
+            'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM acked AS a(g)',
+            shape.table_sql, inbox__settled_group(shape, 'true')), 'int8[], int8[]'),
+        ids, tokens)
+      INTO acked, groups;
     IF groups IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, groups);
     END IF;
@@ -1057,14 +1115,18 @@ BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
     -- A job retried keeps its place as its group's head; one dead-lettered hands it on.
-    EXECUTE format(
-        'UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
-        '              locked_until = CASE WHEN %s THEN ''infinity''::timestamptz ELSE $3 + $4 END%s '
-        ' WHERE %s%s',
-        shape.table_sql, dies, inbox__release_columns(shape, '$6', dies, '$3'),
-        inbox__fence_predicate(), inbox__settled_group(shape, 'locked_until = ''infinity'''))
-      INTO group_key USING id, token, clock_timestamp(), delay, max_attempts, error;
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH settled AS ( '
+            '  UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
+            '                locked_until = CASE WHEN %s THEN ''infinity''::timestamptz ELSE $3 + $4 END%s '
+            '   WHERE %s%s) '
+            'SELECT count(*), max(g) FROM settled AS s(g)',
+            shape.table_sql, dies, inbox__release_columns(shape, '$6', dies, '$3'),
+            inbox__fence_predicate(), inbox__settled_group(shape, 'locked_until = ''infinity''')),
+            'int8, int8, timestamptz, interval, int4, text'),
+        id, token, clock_timestamp(), delay, max_attempts, error)
+      INTO applied, group_key;
     IF applied = 1 AND group_key IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
     END IF;
@@ -1082,13 +1144,17 @@ DECLARE
 BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
-    EXECUTE format(
-        'UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
-        '              locked_until = ''infinity''%s WHERE %s%s',
-        shape.table_sql, inbox__release_columns(shape, '$3', 'true', '$4'),
-        inbox__fence_predicate(), inbox__settled_group(shape, 'true'))
-      INTO group_key USING id, token, reason, clock_timestamp();
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH settled AS ( '
+            '  UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
+            '                locked_until = ''infinity''%s WHERE %s%s) '
+            'SELECT count(*), max(g) FROM settled AS s(g)',
+            shape.table_sql, inbox__release_columns(shape, '$3', 'true', '$4'),
+            inbox__fence_predicate(), inbox__settled_group(shape, 'true')),
+            'int8, int8, text, timestamptz'),
+        id, token, reason, clock_timestamp())
+      INTO applied, group_key;
     -- A dead head no longer blocks its group.
     IF applied = 1 AND group_key IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
@@ -1110,18 +1176,24 @@ BEGIN
     PERFORM inbox__check_interval(lease, 'lease', false);
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
-    EXECUTE format('UPDATE %s SET locked_until = $3 + $4 WHERE $2 > 0 AND %s%s',
-                   shape.table_sql, inbox__fence_predicate(),
-                   CASE WHEN shape.has_leased_at THEN ' AND leased_at IS NOT NULL' ELSE '' END)
-      USING id, token, clock_timestamp(), lease;
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH extended AS (UPDATE %s SET locked_until = $3 + $4 WHERE $2 > 0 AND %s%s RETURNING 1) '
+            'SELECT count(*) FROM extended',
+            shape.table_sql, inbox__fence_predicate(),
+            CASE WHEN shape.has_leased_at THEN ' AND leased_at IS NOT NULL' ELSE '' END),
+            'int8, int8, timestamptz, interval'),
+        id, token, clock_timestamp(), lease)
+      INTO applied;
     RETURN applied = 1;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox_stats(queue regclass)
+-- The statement runs in a volatile function, so that it reads the latest committed state with a
+-- snapshot of its own, as the pgrx build's statements do.
+CREATE OR REPLACE FUNCTION inbox__stats(queue regclass)
 RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
     timed constant text := 'locked_until > $1 AND locked_until < ''infinity''';
@@ -1149,6 +1221,15 @@ BEGIN
       USING clock_timestamp();
 END
 $$;
+
+CREATE OR REPLACE FUNCTION inbox_stats(queue regclass)
+RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM inbox__stats(queue);
+END
+$$;
+
 
 -- ---- sql/sql-only/40-dead-letters.sql ----
 
@@ -1250,9 +1331,11 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox_dead_jobs(queue regclass, max int DEFAULT 100)
+-- The statement runs in a volatile function, so that it reads the latest committed state with a
+-- snapshot of its own, as the pgrx build's statements do.
+CREATE OR REPLACE FUNCTION inbox__dead_jobs(queue regclass, max int)
 RETURNS TABLE(id bigint, attempt int, last_error text, dead_at timestamptz, payload jsonb, payload_bytes bytea)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
 BEGIN
@@ -1275,6 +1358,15 @@ BEGIN
       USING max;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION inbox_dead_jobs(queue regclass, max int DEFAULT 100)
+RETURNS TABLE(id bigint, attempt int, last_error text, dead_at timestamptz, payload jsonb, payload_bytes bytea)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM inbox__dead_jobs(queue, max);
+END
+$$;
+
 
 -- ---- sql/sql-only/45-wakeups.sql ----
 
@@ -1368,16 +1460,8 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
-    -- The registration outlives transactions and must look at the queue as it is now. VACUUM
-    -- always fails in a function; inside a transaction block, it says so first.
-    BEGIN
-        VACUUM pg_catalog.pg_am;
-    EXCEPTION WHEN active_sql_transaction THEN
-        IF SQLERRM LIKE '%transaction block%' THEN
-            RAISE EXCEPTION USING ERRCODE = '25001',
-                MESSAGE = 'inbox_sleep cannot run inside a transaction block';
-        END IF;
-    END;
+    -- Unlike the pgrx build, inside a transaction block this is not refused (25001): SQL cannot
+    -- tell a transaction block from the implicit transaction of the statement.
     -- Raises 42P01/42703/42804 unless `queue` is a queue table, before anything is registered.
     shape := inbox__queue_shape(queue);
     k := inbox__lock_key(queue);
@@ -1516,13 +1600,14 @@ BEGIN
     shape := inbox__queue_shape(queue);
     -- Waits for a lock held by another transaction (a heartbeat's, or a worker's that will settle
     -- the job, after which it is no longer the token's).
-    RETURN QUERY EXECUTE format(
-        'SELECT q.id::int8 FROM %s AS q JOIN unnest($1::int8[], $2::int8[]) AS s(id, token) '
-        '    ON q.id = s.id '
-        ' WHERE q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
-        '   AND q.locked_until IS DISTINCT FROM ''infinity'' '
-        ' ORDER BY q.id FOR UPDATE OF q', shape.table_sql)
-      USING ids, tokens;
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'SELECT q.id::int8 FROM %s AS q JOIN unnest($1::int8[], $2::int8[]) AS s(id, token) '
+            '    ON q.id = s.id '
+            ' WHERE q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
+            '   AND q.locked_until IS DISTINCT FROM ''infinity'' '
+            ' ORDER BY q.id FOR UPDATE OF q', shape.table_sql), 'int8[], int8[]'),
+        ids, tokens);
 END
 $$;
 
@@ -1559,8 +1644,10 @@ $$;
 -- the @nicknames), ticks computed in the schedule's time zone with the same rules at DST
 -- changes, and the ticks due on a queue enqueued by its leases and locks.
 --
--- Without the extension's event trigger, a dropped queue leaves its schedules behind: they are
--- never listed and never fire, and the next inbox_schedule, inbox_unschedule or firing deletes them.
+-- A dropped queue takes its schedules with it through the extension's sql_drop event trigger,
+-- which only a superuser may create: this build creates it when a superuser installs it. Without
+-- it, a dropped queue's schedules stay behind: they are never listed and never fire, and the next
+-- inbox_schedule, inbox_unschedule or firing deletes them.
 
 -- A parsed cron expression. Masks hold one bit per value: seconds, minutes and hours as sorted
 -- arrays (searched in order), months 1-12, days of month 1-31, weekdays 0-6 (Sunday is 0).
@@ -2493,6 +2580,29 @@ BEGIN
 END
 $$;
 
+-- The extension's event trigger function (schedule.rs), deleting the schedules of the tables a
+-- command dropped with the rights of whoever dropped them.
+CREATE OR REPLACE FUNCTION inbox_drop_schedules_of_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY INVOKER SET search_path FROM CURRENT AS $$
+BEGIN
+    DELETE FROM inbox_periodic_jobs
+     WHERE queue::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+END
+$$;
+REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
+
+DO $$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+       AND NOT EXISTS (SELECT FROM pg_event_trigger
+                        WHERE evtname = 'inbox_drop_schedules_of_dropped_tables') THEN
+        CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
+            EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
+    END IF;
+END
+$$;
+
 -- ---- sql/sql-only/60-observe.sql ----
 
 -- What operators and exporters read: every queue with its counts and ages (inbox_queues,
@@ -2760,5 +2870,22 @@ BEGIN
     RETURN purged;
 END
 $function$;
+
+-- Every function that pinned the install's search_path now resolves the catalog first.
+DO $pin$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
+                AND p.proname LIKE 'inbox%'
+                AND EXISTS (SELECT FROM pg_catalog.unnest(p.proconfig) c
+                             WHERE c LIKE 'search\_path=%')
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
+                                  f, pg_catalog.current_schema());
+    END LOOP;
+END
+$pin$;
 
 COMMIT;

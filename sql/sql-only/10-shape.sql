@@ -142,54 +142,65 @@ BEGIN
 END
 $$;
 
--- The table's quoted name and its live columns (name, type, not null); 42P01 for an oid that is
--- no table any more, 42809 for a relation that is not an ordinary or partitioned table.
-CREATE OR REPLACE FUNCTION inbox__table_columns(tab regclass, OUT table_sql text,
-                                                OUT names text[], OUT types oid[], OUT not_nulls bool[])
+-- Reads the table's quoted name and the columns `names` (the first `required` of them required),
+-- each checked to be of its kind: i an integer, x text, t timestamptz, p jsonb or bytea. Returns
+-- the type of each column (NULL when absent) and whether it is NOT NULL. Raises as shape.rs:
+-- 42P01 for an oid that is no table any more, 42809 for a relation that is not an ordinary or
+-- partitioned table, 42703 for a missing column, 42804 for a mistyped one. One catalog query.
+CREATE OR REPLACE FUNCTION inbox__checked_columns(tab regclass, kind text, names text[], kinds text,
+                                                  required int, OUT table_sql text,
+                                                  OUT types oid[], OUT not_nulls bool[])
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
     relkind text;
+    found_names text[];
+    found_types oid[];
+    found_not_nulls bool[];
+    accepted oid[];
+    at int;
 BEGIN
-    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname)
-      INTO relkind, table_sql
-      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE c.oid = tab;
-    IF NOT FOUND THEN
+    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname),
+           array_agg(a.attname::text), array_agg(a.atttypid), array_agg(a.attnotnull)
+      INTO relkind, table_sql, found_names, found_types, found_not_nulls
+      FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_attribute a
+             ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (names)
+     WHERE c.oid = tab
+     GROUP BY 1, 2;
+    IF relkind IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('no table with oid %s', tab::oid);
     END IF;
     IF relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', table_sql);
     END IF;
-    SELECT coalesce(array_agg(a.attname::text), '{}'), coalesce(array_agg(a.atttypid), '{}'),
-           coalesce(array_agg(a.attnotnull), '{}')
-      INTO names, types, not_nulls
-      FROM pg_attribute a
-     WHERE a.attrelid = tab AND a.attnum > 0 AND NOT a.attisdropped;
-END
-$$;
-
--- Position of column `name` among `names`, checked to be one of `accepted`; 0 when absent and
--- optional. 42703 / 42804 as shape.rs.
-CREATE OR REPLACE FUNCTION inbox__column(kind text, table_sql text, names text[], types oid[],
-                                         name text, accepted oid[], required bool) RETURNS int
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    at int := array_position(names, name);
-BEGIN
-    IF at IS NULL THEN
-        IF required THEN
-            RAISE EXCEPTION USING ERRCODE = '42703',
-                MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, name);
+    types := '{}';
+    not_nulls := '{}';
+    FOR i IN 1 .. cardinality(names) LOOP
+        at := array_position(found_names, names[i]);
+        IF at IS NULL THEN
+            IF i <= required THEN
+                RAISE EXCEPTION USING ERRCODE = '42703',
+                    MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, names[i]);
+            END IF;
+            types := types || NULL::oid;
+            not_nulls := not_nulls || false;
+            CONTINUE;
         END IF;
-        RETURN 0;
-    END IF;
-    IF NOT types[at] = ANY (accepted) THEN
-        RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
-            'column "%s" of %s table %s is of type %s, expected %s', name, kind, table_sql,
-            format_type(types[at], NULL),
-            array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
-    END IF;
-    RETURN at;
+        accepted := CASE substr(kinds, i, 1)
+                        WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
+                        WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
+                        WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
+                        ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
+        IF NOT found_types[at] = ANY (accepted) THEN
+            RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
+                'column "%s" of %s table %s is of type %s, expected %s', names[i], kind, table_sql,
+                format_type(found_types[at], NULL),
+                array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
+        END IF;
+        types := types || found_types[at];
+        not_nulls := not_nulls || found_not_nulls[at];
+    END LOOP;
 END
 $$;
 
@@ -199,30 +210,23 @@ LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
 DECLARE
     t record;
     shape inbox__queue_shape;
-    integers constant oid[] := '{21,23,20}';   -- smallint, integer, bigint
-    texts constant oid[] := '{25,1043}';        -- text, character varying
-    timestamptz constant oid[] := '{1184}';
-    locked_until int;
-    payload int;
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
-    t := inbox__table_columns(queue);
-    PERFORM inbox__column('queue', t.table_sql, t.names, t.types, 'id', integers, true);
-    PERFORM inbox__column('queue', t.table_sql, t.names, t.types, 'attempt', integers, true);
-    locked_until := inbox__column('queue', t.table_sql, t.names, t.types, 'locked_until', timestamptz, true);
-    payload := inbox__column('queue', t.table_sql, t.names, t.types, 'payload', '{3802,17}', true);
+    t := inbox__checked_columns(queue, 'queue',
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at}',
+        'iitpxxtixtt', 4);
     shape.table_sql := t.table_sql;
-    shape.payload := CASE WHEN t.types[payload] = 17 THEN 'bytea' ELSE 'jsonb' END;
-    shape.nullable_locked_until := NOT t.not_nulls[locked_until];
-    shape.has_key := inbox__column('queue', t.table_sql, t.names, t.types, 'key', texts, false) > 0;
-    shape.has_last_error := inbox__column('queue', t.table_sql, t.names, t.types, 'last_error', texts, false) > 0;
-    shape.has_leased_at := inbox__column('queue', t.table_sql, t.names, t.types, 'leased_at', timestamptz, false) > 0;
-    shape.has_priority := inbox__column('queue', t.table_sql, t.names, t.types, 'priority', integers, false) > 0;
-    shape.has_group_key := inbox__column('queue', t.table_sql, t.names, t.types, 'group_key', texts, false) > 0;
-    shape.has_dead_at := inbox__column('queue', t.table_sql, t.names, t.types, 'dead_at', timestamptz, false) > 0;
-    shape.has_run_at := inbox__column('queue', t.table_sql, t.names, t.types, 'run_at', timestamptz, false) > 0;
+    shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
+    shape.nullable_locked_until := NOT t.not_nulls[3];
+    shape.has_key := t.types[5] IS NOT NULL;
+    shape.has_last_error := t.types[6] IS NOT NULL;
+    shape.has_leased_at := t.types[7] IS NOT NULL;
+    shape.has_priority := t.types[8] IS NOT NULL;
+    shape.has_group_key := t.types[9] IS NOT NULL;
+    shape.has_dead_at := t.types[10] IS NOT NULL;
+    shape.has_run_at := t.types[11] IS NOT NULL;
     shape.groups := shape.has_group_key AND shape.has_dead_at;
     -- Only where a job can also wait in its group does dead_at tell the two apart.
     shape.dead_predicate := CASE WHEN shape.groups
@@ -235,16 +239,11 @@ $$;
 -- shape.rs LedgerShape::load.
 CREATE OR REPLACE FUNCTION inbox__ledger_shape(ledger regclass) RETURNS inbox__ledger_shape
 LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    t record;
 BEGIN
     IF ledger IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ledger must not be NULL';
     END IF;
-    t := inbox__table_columns(ledger);
-    PERFORM inbox__column('ledger', t.table_sql, t.names, t.types, 'event_key', '{25,1043}', true);
-    PERFORM inbox__column('ledger', t.table_sql, t.names, t.types, 'seen_at', '{1184}', true);
-    RETURN ROW(t.table_sql)::inbox__ledger_shape;
+    RETURN ROW((inbox__checked_columns(ledger, 'ledger', '{event_key,seen_at}', 'xt', 2)).table_sql)::inbox__ledger_shape;
 END
 $$;
 
@@ -263,4 +262,27 @@ CREATE OR REPLACE FUNCTION inbox__install_schema() RETURNS text
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
     SELECT p.pronamespace::regnamespace::text FROM pg_proc p
      WHERE p.oid = 'inbox__install_schema()'::regprocedure
+$$;
+
+-- The name of a session-level prepared statement of `statement` (its parameters of `types`),
+-- prepared on first use: the statements a call runs are planned once per session and statement,
+-- as the pgrx build's plans are kept per backend and table (a table's DDL makes PostgreSQL plan
+-- them again; a change of its columns changes the statement, hence its name). A session setting
+-- remembers which are prepared, and pg_prepared_statements is asked only when it does not know
+-- (a new session, a RESET ALL, a rolled-back first use: PREPARE is not transactional).
+CREATE OR REPLACE FUNCTION inbox__prepared(statement text, types text) RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    statement_name text := 'inbox_' || md5(types || ';' || statement);
+    known text := coalesce(current_setting('inbox_sql_only.prepared', true), '');
+BEGIN
+    IF strpos(known, statement_name) > 0 THEN
+        RETURN statement_name;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_prepared_statements p WHERE p.name = statement_name) THEN
+        EXECUTE format('PREPARE %I (%s) AS %s', statement_name, types, statement);
+    END IF;
+    PERFORM set_config('inbox_sql_only.prepared', known || statement_name || ' ', false);
+    RETURN statement_name;
+END
 $$;

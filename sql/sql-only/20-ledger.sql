@@ -43,10 +43,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'key must not be NULL';
     END IF;
     PERFORM inbox__finite_time(seen_at, 'seen_at');
-    EXECUTE format('INSERT INTO %s (event_key, seen_at) VALUES ($1, $2) ON CONFLICT (event_key) DO NOTHING',
-                   (inbox__ledger_shape(ledger)).table_sql)
-      USING key, seen_at;
-    GET DIAGNOSTICS claimed = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH claimed AS (INSERT INTO %s (event_key, seen_at) VALUES ($1, $2) '
+            '                 ON CONFLICT (event_key) DO NOTHING RETURNING 1) '
+            'SELECT count(*) FROM claimed', (inbox__ledger_shape(ledger)).table_sql), 'text, timestamptz'),
+        key, seen_at)
+      INTO claimed;
     RETURN claimed = 1;
 END
 $$;
@@ -69,8 +72,10 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox_seen(ledger regclass, key text) RETURNS bool
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+-- The statement runs in a volatile function, so that it reads the latest committed state with a
+-- snapshot of its own, as the pgrx build's statements do.
+CREATE OR REPLACE FUNCTION inbox__seen(ledger regclass, key text) RETURNS bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     seen bool;
 BEGIN
@@ -86,3 +91,11 @@ BEGIN
     RETURN coalesce(seen, false);
 END
 $$;
+
+CREATE OR REPLACE FUNCTION inbox_seen(ledger regclass, key text) RETURNS bool
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN inbox__seen(ledger, key);
+END
+$$;
+

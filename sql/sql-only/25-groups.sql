@@ -40,12 +40,14 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     busy bool;
 BEGIN
-    EXECUTE format(
-        'SELECT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %2$s) '
-        '    OR EXISTS (SELECT FROM %1$s AS w WHERE w.group_key = $1 AND w.dead_at IS NULL '
-        '                                       AND w.locked_until = ''infinity'')',
-        shape.table_sql, inbox__head_predicate(shape, 'a'))
-      INTO busy USING group_key;
+    EXECUTE format('EXECUTE %I(%L)',
+        inbox__prepared(format(
+            'SELECT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %2$s) '
+            '    OR EXISTS (SELECT FROM %1$s AS w WHERE w.group_key = $1 AND w.dead_at IS NULL '
+            '                                       AND w.locked_until = ''infinity'')',
+            shape.table_sql, inbox__head_predicate(shape, 'a')), 'text'),
+        group_key)
+      INTO busy;
     RETURN coalesce(busy, false);
 END
 $$;
@@ -54,19 +56,21 @@ $$;
 CREATE OR REPLACE FUNCTION inbox__promote(shape inbox__queue_shape, groups text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    EXECUTE format(
-        'UPDATE %1$s AS q SET locked_until = %2$s '
-        ' WHERE q.id = ANY (ARRAY( '
-        '       SELECT (SELECT w.id FROM %1$s AS w '
-        '                WHERE w.group_key = g.key AND w.dead_at IS NULL '
-        '                  AND w.locked_until = ''infinity'' '
-        '                ORDER BY w.id LIMIT 1) '
-        '         FROM unnest($1::text[]) AS g(key) '
-        '        WHERE NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = g.key AND %3$s))) '
-        '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL',
-        shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
-        inbox__head_predicate(shape, 'a'))
-      USING groups, clock_timestamp();
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH promoted AS (UPDATE %1$s AS q SET locked_until = %2$s '
+            ' WHERE q.id = ANY (ARRAY( '
+            '       SELECT (SELECT w.id FROM %1$s AS w '
+            '                WHERE w.group_key = g.key AND w.dead_at IS NULL '
+            '                  AND w.locked_until = ''infinity'' '
+            '                ORDER BY w.id LIMIT 1) '
+            '         FROM unnest($1::text[]) AS g(key) '
+            '        WHERE NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = g.key AND %3$s))) '
+            '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL RETURNING 1) '
+            'SELECT count(*) FROM promoted',
+            shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
+            inbox__head_predicate(shape, 'a')), 'text[], timestamptz'),
+        groups, clock_timestamp());
 END
 $$;
 
@@ -74,17 +78,19 @@ $$;
 CREATE OR REPLACE FUNCTION inbox__promote_one(shape inbox__queue_shape, group_key text) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    EXECUTE format(
-        'UPDATE %1$s AS q SET locked_until = %2$s '
-        ' WHERE q.id = (SELECT w.id FROM %1$s AS w '
-        '                WHERE w.group_key = $1 AND w.dead_at IS NULL '
-        '                  AND w.locked_until = ''infinity'' '
-        '                ORDER BY w.id LIMIT 1) '
-        '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL '
-        '   AND NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %3$s)',
-        shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
-        inbox__head_predicate(shape, 'a'))
-      USING group_key, clock_timestamp();
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH promoted AS (UPDATE %1$s AS q SET locked_until = %2$s '
+            ' WHERE q.id = (SELECT w.id FROM %1$s AS w '
+            '                WHERE w.group_key = $1 AND w.dead_at IS NULL '
+            '                  AND w.locked_until = ''infinity'' '
+            '                ORDER BY w.id LIMIT 1) '
+            '   AND q.locked_until = ''infinity'' AND q.dead_at IS NULL '
+            '   AND NOT EXISTS (SELECT FROM %1$s AS a WHERE a.group_key = $1 AND %3$s) RETURNING 1) '
+            'SELECT count(*) FROM promoted',
+            shape.table_sql, CASE WHEN shape.has_run_at THEN 'GREATEST(q.run_at, $2)' ELSE '$2' END,
+            inbox__head_predicate(shape, 'a')), 'text, timestamptz'),
+        group_key, clock_timestamp());
 END
 $$;
 

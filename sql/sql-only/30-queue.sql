@@ -177,9 +177,12 @@ BEGIN
         END IF;
     END IF;
     added := inbox__enqueue_columns(shape, '$3', '$5', '$6');
-    EXECUTE format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
-                   shape.table_sql, added.columns, added."values", inbox__on_key_conflict(shape))
-      INTO id USING payload, locked_until, key, priority, group_key, run_at;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+        inbox__prepared(format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
+                               shape.table_sql, added.columns, added."values", inbox__on_key_conflict(shape)),
+                        kind || ', timestamptz, text, int4, text, timestamptz'),
+        payload, locked_until, key, priority, group_key, run_at)
+      INTO id;
     PERFORM inbox__notify(queue);
     RETURN id;
 END
@@ -261,16 +264,19 @@ BEGIN
     -- A job with a group is inserted waiting, then each group without a head gets one, so that a
     -- key skipped as already queued never leaves a group without its head.
     added := inbox__enqueue_columns(shape, 'u.key', 'u.group_key', '$2');
-    EXECUTE format(
-        'WITH inserted AS (INSERT INTO %s (payload, locked_until%s) '
-        '  SELECT u.payload, %s%s '
-        '    FROM unnest($1, $3, $5) WITH ORDINALITY AS u(payload, key, group_key, n) '
-        '   ORDER BY u.n%s RETURNING id::int8) '
-        'SELECT coalesce(array_agg(id), ''{}'') FROM inserted',
-        shape.table_sql, added.columns,
-        CASE WHEN shape.groups THEN 'CASE WHEN u.group_key IS NULL THEN $2 ELSE ''infinity'' END' ELSE '$2' END,
-        added."values", inbox__on_key_conflict(shape))
-      INTO ids USING payloads, run_at, keys, priority, group_keys;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH inserted AS (INSERT INTO %s (payload, locked_until%s) '
+            '  SELECT u.payload, %s%s '
+            '    FROM unnest($1, $3, $5) WITH ORDINALITY AS u(payload, key, group_key, n) '
+            '   ORDER BY u.n%s RETURNING id::int8) '
+            'SELECT coalesce(array_agg(id), ''{}'') FROM inserted',
+            shape.table_sql, added.columns,
+            CASE WHEN shape.groups THEN 'CASE WHEN u.group_key IS NULL THEN $2 ELSE ''infinity'' END' ELSE '$2' END,
+            added."values", inbox__on_key_conflict(shape)),
+            kind || '[], timestamptz, text[], int4, text[]'),
+        payloads, run_at, keys, priority, group_keys)
+      INTO ids;
     IF group_keys IS NOT NULL THEN
         PERFORM inbox__promote(shape, group_keys);
     END IF;
@@ -349,24 +355,27 @@ BEGIN
     IF lease IS NULL THEN
         -- A lock's token is minus the attempt its settlement will count.
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
-        RETURN QUERY EXECUTE format(
-            'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
-            payloads, picked)
-          USING max, clock_timestamp();
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L)',
+            inbox__prepared(format(
+                'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
+                payloads, picked), 'int4, timestamptz'),
+            max, clock_timestamp());
     ELSE
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'taken.payload, NULL::bytea'
                          ELSE 'NULL::jsonb, taken.payload' END;
-        RETURN QUERY EXECUTE format(
-            'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
-            '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
-            '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
-            '    RETURNING q.id, q.attempt, q.payload) '
-            'SELECT taken.id::int8, taken.attempt::int4, taken.attempt::int8, %4$s '
-            '  FROM taken JOIN next ON next.id = taken.id '
-            ' ORDER BY next.rank, next.due%5$s, taken.id',
-            picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
-            payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END)
-          USING max, clock_timestamp(), lease;
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
+            inbox__prepared(format(
+                'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
+                '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
+                '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
+                '    RETURNING q.id, q.attempt, q.payload) '
+                'SELECT taken.id::int8, taken.attempt::int4, taken.attempt::int8, %4$s '
+                '  FROM taken JOIN next ON next.id = taken.id '
+                ' ORDER BY next.rank, next.due%5$s, taken.id',
+                picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
+                payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END),
+                'int4, timestamptz, interval'),
+            max, clock_timestamp(), lease);
     END IF;
 END
 $$;
@@ -434,10 +443,13 @@ DECLARE
 BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
-    EXECUTE format('DELETE FROM %s WHERE %s%s', shape.table_sql, inbox__fence_predicate(),
-                   inbox__settled_group(shape, 'true'))
-      INTO group_key USING id, token;
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format('WITH settled AS (DELETE FROM %s WHERE %s%s) '
+                               'SELECT count(*), max(g) FROM settled AS s(g)',
+                               shape.table_sql, inbox__fence_predicate(), inbox__settled_group(shape, 'true')),
+                        'int8, int8'),
+        id, token)
+      INTO applied, group_key;
     -- A head that is done hands its group on to the next job.
     IF applied = 1 AND group_key IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
@@ -457,13 +469,15 @@ DECLARE
 BEGIN
     PERFORM inbox__same_length(ids, tokens);
     shape := inbox__queue_shape(queue);
-    EXECUTE format(
-        'WITH acked AS (DELETE FROM %s AS q USING unnest($1::int8[], $2::int8[]) AS s(id, token) '
-        '  WHERE q.id = s.id AND q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
-        '    AND q.locked_until IS DISTINCT FROM ''infinity''%s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM acked AS a(g)',
-        shape.table_sql, inbox__settled_group(shape, 'true'))
-      INTO acked, groups USING ids, tokens;
+    EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'WITH acked AS (DELETE FROM %s AS q USING unnest($1::int8[], $2::int8[]) AS s(id, token) '
+            '  WHERE q.id = s.id AND q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
+            '    AND q.locked_until IS DISTINCT FROM ''infinity''%s) '
+            'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM acked AS a(g)',
+            shape.table_sql, inbox__settled_group(shape, 'true')), 'int8[], int8[]'),
+        ids, tokens)
+      INTO acked, groups;
     IF groups IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, groups);
     END IF;
@@ -520,14 +534,18 @@ BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
     -- A job retried keeps its place as its group's head; one dead-lettered hands it on.
-    EXECUTE format(
-        'UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
-        '              locked_until = CASE WHEN %s THEN ''infinity''::timestamptz ELSE $3 + $4 END%s '
-        ' WHERE %s%s',
-        shape.table_sql, dies, inbox__release_columns(shape, '$6', dies, '$3'),
-        inbox__fence_predicate(), inbox__settled_group(shape, 'locked_until = ''infinity'''))
-      INTO group_key USING id, token, clock_timestamp(), delay, max_attempts, error;
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH settled AS ( '
+            '  UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
+            '                locked_until = CASE WHEN %s THEN ''infinity''::timestamptz ELSE $3 + $4 END%s '
+            '   WHERE %s%s) '
+            'SELECT count(*), max(g) FROM settled AS s(g)',
+            shape.table_sql, dies, inbox__release_columns(shape, '$6', dies, '$3'),
+            inbox__fence_predicate(), inbox__settled_group(shape, 'locked_until = ''infinity''')),
+            'int8, int8, timestamptz, interval, int4, text'),
+        id, token, clock_timestamp(), delay, max_attempts, error)
+      INTO applied, group_key;
     IF applied = 1 AND group_key IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
     END IF;
@@ -545,13 +563,17 @@ DECLARE
 BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
-    EXECUTE format(
-        'UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
-        '              locked_until = ''infinity''%s WHERE %s%s',
-        shape.table_sql, inbox__release_columns(shape, '$3', 'true', '$4'),
-        inbox__fence_predicate(), inbox__settled_group(shape, 'true'))
-      INTO group_key USING id, token, reason, clock_timestamp();
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH settled AS ( '
+            '  UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
+            '                locked_until = ''infinity''%s WHERE %s%s) '
+            'SELECT count(*), max(g) FROM settled AS s(g)',
+            shape.table_sql, inbox__release_columns(shape, '$3', 'true', '$4'),
+            inbox__fence_predicate(), inbox__settled_group(shape, 'true')),
+            'int8, int8, text, timestamptz'),
+        id, token, reason, clock_timestamp())
+      INTO applied, group_key;
     -- A dead head no longer blocks its group.
     IF applied = 1 AND group_key IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
@@ -573,18 +595,24 @@ BEGIN
     PERFORM inbox__check_interval(lease, 'lease', false);
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
-    EXECUTE format('UPDATE %s SET locked_until = $3 + $4 WHERE $2 > 0 AND %s%s',
-                   shape.table_sql, inbox__fence_predicate(),
-                   CASE WHEN shape.has_leased_at THEN ' AND leased_at IS NOT NULL' ELSE '' END)
-      USING id, token, clock_timestamp(), lease;
-    GET DIAGNOSTICS applied = ROW_COUNT;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
+        inbox__prepared(format(
+            'WITH extended AS (UPDATE %s SET locked_until = $3 + $4 WHERE $2 > 0 AND %s%s RETURNING 1) '
+            'SELECT count(*) FROM extended',
+            shape.table_sql, inbox__fence_predicate(),
+            CASE WHEN shape.has_leased_at THEN ' AND leased_at IS NOT NULL' ELSE '' END),
+            'int8, int8, timestamptz, interval'),
+        id, token, clock_timestamp(), lease)
+      INTO applied;
     RETURN applied = 1;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox_stats(queue regclass)
+-- The statement runs in a volatile function, so that it reads the latest committed state with a
+-- snapshot of its own, as the pgrx build's statements do.
+CREATE OR REPLACE FUNCTION inbox__stats(queue regclass)
 RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
     timed constant text := 'locked_until > $1 AND locked_until < ''infinity''';
@@ -612,3 +640,12 @@ BEGIN
       USING clock_timestamp();
 END
 $$;
+
+CREATE OR REPLACE FUNCTION inbox_stats(queue regclass)
+RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM inbox__stats(queue);
+END
+$$;
+

@@ -96,9 +96,11 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox_dead_jobs(queue regclass, max int DEFAULT 100)
+-- The statement runs in a volatile function, so that it reads the latest committed state with a
+-- snapshot of its own, as the pgrx build's statements do.
+CREATE OR REPLACE FUNCTION inbox__dead_jobs(queue regclass, max int)
 RETURNS TABLE(id bigint, attempt int, last_error text, dead_at timestamptz, payload jsonb, payload_bytes bytea)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
 BEGIN
@@ -121,3 +123,12 @@ BEGIN
       USING max;
 END
 $$;
+
+CREATE OR REPLACE FUNCTION inbox_dead_jobs(queue regclass, max int DEFAULT 100)
+RETURNS TABLE(id bigint, attempt int, last_error text, dead_at timestamptz, payload jsonb, payload_bytes bytea)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM inbox__dead_jobs(queue, max);
+END
+$$;
+

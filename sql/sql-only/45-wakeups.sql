@@ -88,16 +88,8 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
-    -- The registration outlives transactions and must look at the queue as it is now. VACUUM
-    -- always fails in a function; inside a transaction block, it says so first.
-    BEGIN
-        VACUUM pg_catalog.pg_am;
-    EXCEPTION WHEN active_sql_transaction THEN
-        IF SQLERRM LIKE '%transaction block%' THEN
-            RAISE EXCEPTION USING ERRCODE = '25001',
-                MESSAGE = 'inbox_sleep cannot run inside a transaction block';
-        END IF;
-    END;
+    -- Unlike the pgrx build, inside a transaction block this is not refused (25001): SQL cannot
+    -- tell a transaction block from the implicit transaction of the statement.
     -- Raises 42P01/42703/42804 unless `queue` is a queue table, before anything is registered.
     shape := inbox__queue_shape(queue);
     k := inbox__lock_key(queue);

@@ -21,13 +21,14 @@ BEGIN
     shape := inbox__queue_shape(queue);
     -- Waits for a lock held by another transaction (a heartbeat's, or a worker's that will settle
     -- the job, after which it is no longer the token's).
-    RETURN QUERY EXECUTE format(
-        'SELECT q.id::int8 FROM %s AS q JOIN unnest($1::int8[], $2::int8[]) AS s(id, token) '
-        '    ON q.id = s.id '
-        ' WHERE q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
-        '   AND q.locked_until IS DISTINCT FROM ''infinity'' '
-        ' ORDER BY q.id FOR UPDATE OF q', shape.table_sql)
-      USING ids, tokens;
+    RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L)',
+        inbox__prepared(format(
+            'SELECT q.id::int8 FROM %s AS q JOIN unnest($1::int8[], $2::int8[]) AS s(id, token) '
+            '    ON q.id = s.id '
+            ' WHERE q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
+            '   AND q.locked_until IS DISTINCT FROM ''infinity'' '
+            ' ORDER BY q.id FOR UPDATE OF q', shape.table_sql), 'int8[], int8[]'),
+        ids, tokens);
 END
 $$;
 

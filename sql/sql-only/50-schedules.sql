@@ -3,8 +3,10 @@
 -- the @nicknames), ticks computed in the schedule's time zone with the same rules at DST
 -- changes, and the ticks due on a queue enqueued by its leases and locks.
 --
--- Without the extension's event trigger, a dropped queue leaves its schedules behind: they are
--- never listed and never fire, and the next inbox_schedule, inbox_unschedule or firing deletes them.
+-- A dropped queue takes its schedules with it through the extension's sql_drop event trigger,
+-- which only a superuser may create: this build creates it when a superuser installs it. Without
+-- it, a dropped queue's schedules stay behind: they are never listed and never fire, and the next
+-- inbox_schedule, inbox_unschedule or firing deletes them.
 
 -- A parsed cron expression. Masks hold one bit per value: seconds, minutes and hours as sorted
 -- arrays (searched in order), months 1-12, days of month 1-31, weekdays 0-6 (Sunday is 0).
@@ -933,6 +935,29 @@ BEGIN
     END LOOP;
     IF insert_tick IS NOT NULL THEN
         PERFORM inbox__drop_orphan_schedules(false);
+    END IF;
+END
+$$;
+
+-- The extension's event trigger function (schedule.rs), deleting the schedules of the tables a
+-- command dropped with the rights of whoever dropped them.
+CREATE OR REPLACE FUNCTION inbox_drop_schedules_of_dropped_tables() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY INVOKER SET search_path FROM CURRENT AS $$
+BEGIN
+    DELETE FROM inbox_periodic_jobs
+     WHERE queue::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+END
+$$;
+REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
+
+DO $$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+       AND NOT EXISTS (SELECT FROM pg_event_trigger
+                        WHERE evtname = 'inbox_drop_schedules_of_dropped_tables') THEN
+        CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
+            EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
     END IF;
 END
 $$;
