@@ -44,7 +44,8 @@ DECLARE
     f regprocedure;
 BEGIN
     FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
+              WHERE p.pronamespace
+                    = pg_catalog.quote_ident(pg_catalog.current_schema())::pg_catalog.regnamespace
                 AND p.proname LIKE 'inbox%'
                 AND EXISTS (SELECT FROM pg_catalog.unnest(p.proconfig) c
                              WHERE c LIKE 'search\_path=%')

@@ -7,7 +7,7 @@ DROP FUNCTION "inbox_enqueue"(regclass, jsonb, timestamp with time zone, text);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, bytea[], timestamp with time zone, text[]);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, jsonb[], timestamp with time zone, text[]);
 
-CREATE TABLE inbox_periodic_jobs (
+CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
     queue pg_catalog.regclass NOT NULL,
     name pg_catalog.text NOT NULL CHECK (name <> ''),
     cron pg_catalog.text NOT NULL,
@@ -18,10 +18,23 @@ CREATE TABLE inbox_periodic_jobs (
 );
 COMMENT ON TABLE inbox_periodic_jobs IS
     'The schedules of inbox_schedule; their ticks become jobs in inbox_lease and inbox_lock.';
-CREATE INDEX inbox_periodic_jobs_due ON inbox_periodic_jobs (queue, next_tick);
-SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
+CREATE INDEX IF NOT EXISTS inbox_periodic_jobs_due ON inbox_periodic_jobs (queue, next_tick);
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_periodic_jobs TO PUBLIC;
 ALTER TABLE inbox_periodic_jobs ENABLE ROW LEVEL SECURITY;
+DO $policies$
+DECLARE
+    policy pg_catalog.text;
+BEGIN
+    FOREACH policy IN ARRAY ARRAY['inbox_periodic_jobs_read', 'inbox_periodic_jobs_define',
+                                  'inbox_periodic_jobs_fire', 'inbox_periodic_jobs_remove'] LOOP
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy
+                    WHERE polrelid = 'inbox_periodic_jobs'::pg_catalog.regclass
+                      AND polname = policy) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_periodic_jobs', policy);
+        END IF;
+    END LOOP;
+END
+$policies$;
 CREATE POLICY inbox_periodic_jobs_read ON inbox_periodic_jobs FOR SELECT
     USING (pg_catalog.has_table_privilege(queue, 'SELECT, INSERT')
            OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
@@ -32,6 +45,8 @@ CREATE POLICY inbox_periodic_jobs_fire ON inbox_periodic_jobs FOR UPDATE
 CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
     USING (pg_catalog.has_table_privilege(queue, 'INSERT')
            OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+
+SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
 
 CREATE OR REPLACE FUNCTION inbox_drop_schedules_of_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$

@@ -328,29 +328,24 @@ RETURN (queue::oid::int8 - CASE WHEN queue::oid::int8 > 2147483647 THEN 42949672
 -- The schema this build is installed in (for the functions that keep the caller's search_path).
 CREATE OR REPLACE FUNCTION inbox__install_schema() RETURNS text
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
-    SELECT p.pronamespace::regnamespace::text FROM pg_proc p
+    SELECT n.nspname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
      WHERE p.oid = 'inbox__install_schema()'::regprocedure
 $$;
 
 -- The name of a session-level prepared statement of `statement` (its parameters of `types`),
 -- prepared on first use: the statements a call runs are planned once per session and statement,
 -- as the pgrx build's plans are kept per backend and table (a table's DDL makes PostgreSQL plan
--- them again; a change of its columns changes the statement, hence its name). A session setting
--- remembers which are prepared, and pg_prepared_statements is asked only when it does not know
--- (a new session, a RESET ALL, a rolled-back first use: PREPARE is not transactional).
+-- them again; a change of its columns changes the statement, hence its name). Whether it is
+-- prepared is read from pg_prepared_statements on every call (about 10 us), so that a session's
+-- DEALLOCATE ALL or DISCARD ALL, or a rolled-back first use, costs one PREPARE, never an error.
 CREATE OR REPLACE FUNCTION inbox__prepared(statement text, types text) RETURNS text
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     statement_name text := 'inbox_' || md5(types || ';' || statement);
-    known text := coalesce(current_setting('inbox_sql_only.prepared', true), '');
 BEGIN
-    IF strpos(known, statement_name) > 0 THEN
-        RETURN statement_name;
-    END IF;
     IF NOT EXISTS (SELECT FROM pg_prepared_statements p WHERE p.name = statement_name) THEN
         EXECUTE format('PREPARE %I (%s) AS %s', statement_name, types, statement);
     END IF;
-    PERFORM set_config('inbox_sql_only.prepared', known || statement_name || ' ', false);
     RETURN statement_name;
 END
 $$;
@@ -1477,8 +1472,8 @@ BEGIN
                        CASE WHEN shape.nullable_locked_until THEN 'locked_until IS NULL OR locked_until <= $1'
                             ELSE 'locked_until <= $1' END)
           INTO due USING clock_timestamp();
-    EXCEPTION WHEN OTHERS THEN
-        -- Session locks survive the rollback of this block: give them up.
+    EXCEPTION WHEN query_canceled OR others THEN
+        -- Session locks survive the rollback of this block (a cancel included): give them up.
         IF inbox__release_sleeper(queue) THEN NULL; END IF;
         PERFORM pg_advisory_unlock(k, inbox__gate_key())
            FROM pg_locks
@@ -1649,8 +1644,9 @@ $$;
 -- it, a dropped queue's schedules stay behind: they are never listed and never fire, and the next
 -- inbox_schedule, inbox_unschedule or firing deletes them.
 
--- A parsed cron expression. Masks hold one bit per value: seconds, minutes and hours as sorted
--- arrays (searched in order), months 1-12, days of month 1-31, weekdays 0-6 (Sunday is 0).
+-- A parsed cron expression: seconds, minutes and hours as sorted arrays (searched in order), the
+-- other fields as masks of one bit per value: months 1-12, days of month 1-31, weekdays 0-6
+-- (Sunday is 0).
 DO $$
 BEGIN
     IF pg_catalog.to_regtype('inbox__cron') IS NULL THEN
@@ -2877,7 +2873,8 @@ DECLARE
     f regprocedure;
 BEGIN
     FOR f IN SELECT p.oid FROM pg_catalog.pg_proc p
-              WHERE p.pronamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
+              WHERE p.pronamespace
+                    = pg_catalog.quote_ident(pg_catalog.current_schema())::pg_catalog.regnamespace
                 AND p.proname LIKE 'inbox%'
                 AND EXISTS (SELECT FROM pg_catalog.unnest(p.proconfig) c
                              WHERE c LIKE 'search\_path=%')

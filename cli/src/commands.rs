@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 use crate::db::Db;
 use crate::error::CliError;
 use crate::output::{age, line, preview, table, Output};
-use crate::sql;
+use crate::sql::{self, Sql};
 
 /// How many characters of a payload a table shows.
 const PREVIEW: usize = 48;
@@ -28,7 +28,7 @@ fn counts(row: &Row, first: usize) -> [i64; 4] {
 }
 
 pub async fn queues(db: &Db, out: &Output) -> Result<(), CliError> {
-    let rows = db.query(sql::QUEUES, &[]).await?;
+    let rows = db.rows(&sql::QUEUES, &[]).await?;
     type QueueRow = (String, [i64; 4], Option<f64>, Option<f64>);
     let queues: Vec<QueueRow> = rows
         .iter()
@@ -87,7 +87,7 @@ fn stats_line(cells: &[String; 5]) -> String {
 
 /// One reading of `inbox_stats`: the JSON object and the table cells.
 async fn read_stats(db: &Db, queue: &str) -> Result<(Value, [String; 5]), CliError> {
-    let row = db.query_one(sql::STATS, &[&queue]).await?;
+    let row = db.one(&sql::STATS, &[&queue]).await?;
     let [ready, delayed, leased, dead] = counts(&row, 0);
     let ready_age: Option<f64> = row.get(4);
     let value = json!({
@@ -160,7 +160,7 @@ pub async fn jobs(
     state: Option<&str>,
     limit: i32,
 ) -> Result<(), CliError> {
-    let rows = db.query(sql::JOBS, &[&queue, &state, &limit]).await?;
+    let rows = db.rows(&sql::JOBS, &[&queue, &state, &limit]).await?;
     type JobRow = (
         i64,
         String,
@@ -216,7 +216,7 @@ pub async fn jobs(
 }
 
 pub async fn dead(db: &Db, out: &Output, queue: &str, limit: i32) -> Result<(), CliError> {
-    let rows = db.query(sql::DEAD_JOBS, &[&queue, &limit]).await?;
+    let rows = db.rows(&sql::DEAD_JOBS, &[&queue, &limit]).await?;
     type DeadRow = (
         i64,
         i32,
@@ -272,7 +272,7 @@ pub async fn dead(db: &Db, out: &Output, queue: &str, limit: i32) -> Result<(), 
 async fn each_dead_job(
     db: &Db,
     out: &Output,
-    statement: &str,
+    statement: &Sql,
     queue: &str,
     ids: &[i64],
     verb: &str,
@@ -281,7 +281,7 @@ async fn each_dead_job(
     let mut missing = Vec::new();
     for &id in ids {
         let applied: bool = db
-            .query_one(statement, &[&queue, &id])
+            .one(statement, &[&queue, &id])
             .await?
             .get::<_, Option<bool>>(0)
             .unwrap_or(false);
@@ -320,12 +320,12 @@ pub async fn requeue(
     all: bool,
 ) -> Result<(), CliError> {
     if !all {
-        return each_dead_job(db, out, sql::REQUEUE, queue, ids, "requeued").await;
+        return each_dead_job(db, out, &sql::REQUEUE, queue, ids, "requeued").await;
     }
     let mut requeued: i64 = 0;
     loop {
         let batch: i64 = db
-            .query_one(sql::REQUEUE_DEAD, &[&queue, &REQUEUE_BATCH])
+            .one(&sql::REQUEUE_DEAD, &[&queue, &REQUEUE_BATCH])
             .await?
             .get::<_, Option<i64>>(0)
             .unwrap_or(0);
@@ -341,7 +341,7 @@ pub async fn requeue(
 }
 
 pub async fn discard(db: &Db, out: &Output, queue: &str, ids: &[i64]) -> Result<(), CliError> {
-    each_dead_job(db, out, sql::DISCARD, queue, ids, "discarded").await
+    each_dead_job(db, out, &sql::DISCARD, queue, ids, "discarded").await
 }
 
 /// When and where enqueued jobs run: due time, priority, ordered group (each `None` for the
@@ -382,8 +382,8 @@ pub async fn enqueue(db: &Db, out: &Output, request: EnqueueRequest<'_>) -> Resu
             let payload: Value = serde_json::from_str(text)
                 .map_err(|e| CliError::Usage(format!("the payload is not JSON: {e}")))?;
             let row = if placement.placed() {
-                db.query_one(
-                    sql::ENQUEUE_PLACED,
+                db.one(
+                    &sql::ENQUEUE_PLACED,
                     &[
                         &queue,
                         &payload,
@@ -395,7 +395,7 @@ pub async fn enqueue(db: &Db, out: &Output, request: EnqueueRequest<'_>) -> Resu
                 )
                 .await?
             } else {
-                db.query_one(sql::ENQUEUE, &[&queue, &payload, &placement.at, &key])
+                db.one(&sql::ENQUEUE, &[&queue, &payload, &placement.at, &key])
                     .await?
             };
             let id: Option<i64> = row.get(0);
@@ -485,8 +485,8 @@ async fn send_batch(
 ) -> Result<i64, CliError> {
     let row = if placement.placed() {
         let groups: Option<Vec<&str>> = placement.group.map(|group| vec![group; payloads.len()]);
-        db.query_one(
-            sql::ENQUEUE_BATCH_PLACED,
+        db.one(
+            &sql::ENQUEUE_BATCH_PLACED,
             &[
                 &queue,
                 &payloads,
@@ -497,7 +497,7 @@ async fn send_batch(
         )
         .await?
     } else {
-        db.query_one(sql::ENQUEUE_BATCH, &[&queue, &payloads, &placement.at])
+        db.one(&sql::ENQUEUE_BATCH, &[&queue, &payloads, &placement.at])
             .await?
     };
     Ok(row.get(0))
@@ -510,7 +510,7 @@ pub async fn purge(
     older_than: &str,
     batch: i64,
 ) -> Result<(), CliError> {
-    let cutoff = db.query_one(sql::PURGE_CUTOFF, &[&older_than]).await?;
+    let cutoff = db.one(&sql::PURGE_CUTOFF, &[&older_than]).await?;
     if !cutoff.get::<_, bool>(1) {
         return Err(CliError::Usage(format!(
             "--older-than must be a positive duration, not {older_than:?}"
@@ -530,7 +530,7 @@ pub async fn purge(
     loop {
         // Each call is its own transaction (the session is in autocommit).
         let deleted: i64 = db
-            .query_one(sql::PURGE, &[&ledger, &cutoff, &batch])
+            .one(&sql::PURGE, &[&ledger, &cutoff, &batch])
             .await?
             .get(0);
         batches += 1;
@@ -549,7 +549,7 @@ pub async fn purge(
 }
 
 pub async fn schedules(db: &Db, out: &Output, queue: &str) -> Result<(), CliError> {
-    let rows = db.query(sql::SCHEDULES, &[&queue]).await?;
+    let rows = db.rows(&sql::SCHEDULES, &[&queue]).await?;
     type ScheduleRow = (String, String, String, Option<Value>, Option<String>);
     let schedules: Vec<ScheduleRow> = rows
         .iter()

@@ -1,11 +1,13 @@
-//! The connection: one session per command, errors mapped to [`CliError`] without the password.
+//! The connection: one session per command, each statement unnamed (see [`crate::sql`]), errors
+//! mapped to [`CliError`] without the password.
 
 use std::time::Duration;
 
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, NoTls, Row};
 
 use crate::error::CliError;
+use crate::sql::Sql;
 
 /// What the connection string must never leak into a message: its password.
 #[derive(Clone, Debug, Default)]
@@ -99,27 +101,39 @@ impl Db {
         Ok(Db { client, secret })
     }
 
-    pub async fn query(
+    /// Runs `sql` as the unnamed statement: parse, bind and execute in one message, which a
+    /// pooler in transaction mode sends to one server connection.
+    pub async fn rows(
         &self,
-        sql: &str,
+        sql: &Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, CliError> {
         self.client
-            .query(sql, params)
+            .query_typed(sql.text, &typed(sql, params))
             .await
             .map_err(|e| self.secret.error(e))
     }
 
-    pub async fn query_one(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Row, CliError> {
+    /// As [`rows`](Self::rows), for a statement that returns exactly one row.
+    pub async fn one(&self, sql: &Sql, params: &[&(dyn ToSql + Sync)]) -> Result<Row, CliError> {
         self.client
-            .query_one(sql, params)
+            .query_typed_one(sql.text, &typed(sql, params))
             .await
             .map_err(|e| self.secret.error(e))
     }
+}
+
+/// Pairs each parameter with the type `sql` declares for it.
+pub fn typed<'a>(
+    sql: &Sql,
+    params: &[&'a (dyn ToSql + Sync)],
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    debug_assert_eq!(sql.params.len(), params.len(), "{}", sql.text);
+    params
+        .iter()
+        .copied()
+        .zip(sql.params.iter().cloned())
+        .collect()
 }
 
 #[cfg(test)]

@@ -55,14 +55,27 @@ struct QueueGauges {
 
 impl Exporter {
     async fn read(&self) -> Result<Vec<QueueGauges>, CliError> {
-        let client = self.pool.get().await.map_err(|e| match e {
+        let mut client = self.pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(e) => self.secret.error(e),
             other => CliError::Connect(self.secret.scrub(other.to_string())),
         })?;
-        let rows = client
-            .query(sql::METRICS, &[])
-            .await
-            .map_err(|e| self.secret.error(e))?;
+        // The timeout is the transaction's own, and each statement is unnamed: nothing of the
+        // scrape is left on a server connection, or lost by a pooler in transaction mode.
+        let timeout = SCRAPE_TIMEOUT.as_millis().to_string();
+        let scrape = async {
+            let tx = client.transaction().await?;
+            tx.query_typed(
+                sql::TRANSACTION_TIMEOUT.text,
+                &db::typed(&sql::TRANSACTION_TIMEOUT, &[&timeout]),
+            )
+            .await?;
+            let rows = tx
+                .query_typed(sql::METRICS.text, &db::typed(&sql::METRICS, &[]))
+                .await?;
+            tx.commit().await?;
+            Ok(rows)
+        };
+        let rows = scrape.await.map_err(|e| self.secret.error(e))?;
         Ok(rows
             .iter()
             .map(|row| QueueGauges {
@@ -179,14 +192,7 @@ async fn index() -> &'static str {
 /// Serves `/metrics` on `listen` until interrupted (Ctrl-C or SIGTERM). The database is read
 /// once before listening, so a wrong URL or a database without the extension fails at once.
 pub async fn serve(url: &str, listen: &str) -> Result<(), CliError> {
-    let (mut config, secret) = db::config(url)?;
-    // Bound each scrape's query; keep any options the URL set.
-    let timeout = format!("-c statement_timeout={}", SCRAPE_TIMEOUT.as_millis());
-    let options = match config.get_options() {
-        Some(options) => format!("{options} {timeout}"),
-        None => timeout,
-    };
-    config.options(&options);
+    let (config, secret) = db::config(url)?;
     let manager = Manager::from_config(
         config,
         NoTls,

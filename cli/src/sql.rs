@@ -1,64 +1,211 @@
 //! Every statement the tool sends: calls of the extension's functions (docs/sql-api.md), with
 //! their results cast for display. Table names travel as text parameters cast to `regclass`.
 //! Timestamps are sent back as ISO 8601 text (`to_json`), which also spells `infinity`.
+//!
+//! Each statement carries its parameters' types (those of their casts), so that it runs as the
+//! unnamed statement in one message: no named prepared statement exists for a pooler in
+//! transaction mode to lose between two round trips (pgbouncer before 1.21).
+
+use tokio_postgres::types::Type;
+
+/// A statement and the types of its parameters, `$1` first.
+pub struct Sql {
+    pub text: &'static str,
+    pub params: &'static [Type],
+}
 
 /// `inbox_queues()`: every queue with its counts and ages (in seconds).
-pub const QUEUES: &str = "SELECT queue::text, ready, delayed, leased, dead, \
-     extract(epoch FROM oldest_ready_age)::float8, extract(epoch FROM oldest_lease_age)::float8 \
-     FROM inbox_queues()";
+pub const QUEUES: Sql = Sql {
+    text: "SELECT queue::text, ready, delayed, leased, dead, \
+        extract(epoch FROM oldest_ready_age)::float8, extract(epoch FROM oldest_lease_age)::float8 \
+        FROM inbox_queues()",
+    params: &[],
+};
 
 /// `inbox_stats(queue)`.
-pub const STATS: &str = "SELECT ready, delayed, leased, dead, \
-     extract(epoch FROM oldest_ready_age)::float8 FROM inbox_stats($1::text::regclass)";
+pub const STATS: Sql = Sql {
+    text: "SELECT ready, delayed, leased, dead, \
+        extract(epoch FROM oldest_ready_age)::float8 FROM inbox_stats($1::text::regclass)",
+    params: &[Type::TEXT],
+};
 
 /// `inbox_jobs(queue, state, max)`; bytea payloads in base64.
-pub const JOBS: &str = "SELECT id, state, attempt, to_json(due) #>> '{}', last_error, payload, \
-     encode(payload_bytes, 'base64') FROM inbox_jobs($1::text::regclass, $2::text, $3::int4)";
+pub const JOBS: Sql = Sql {
+    text: "SELECT id, state, attempt, to_json(due) #>> '{}', last_error, payload, \
+        encode(payload_bytes, 'base64') FROM inbox_jobs($1::text::regclass, $2::text, $3::int4)",
+    params: &[Type::TEXT, Type::TEXT, Type::INT4],
+};
 
 /// `inbox_dead_jobs(queue, max)`; bytea payloads in base64.
-pub const DEAD_JOBS: &str = "SELECT id, attempt, last_error, to_json(dead_at) #>> '{}', \
-     payload, encode(payload_bytes, 'base64') FROM inbox_dead_jobs($1::text::regclass, $2::int4)";
+pub const DEAD_JOBS: Sql = Sql {
+    text:
+        "SELECT id, attempt, last_error, to_json(dead_at) #>> '{}', \
+        payload, encode(payload_bytes, 'base64') FROM inbox_dead_jobs($1::text::regclass, $2::int4)",
+    params: &[Type::TEXT, Type::INT4],
+};
 
 /// `inbox_requeue(queue, id)`: true when the job was dead and is due again.
-pub const REQUEUE: &str = "SELECT inbox_requeue($1::text::regclass, $2::int8)";
+pub const REQUEUE: Sql = Sql {
+    text: "SELECT inbox_requeue($1::text::regclass, $2::int8)",
+    params: &[Type::TEXT, Type::INT8],
+};
 
 /// `inbox_requeue_dead(queue, max)`: requeues up to `max` dead jobs, returns how many.
-pub const REQUEUE_DEAD: &str = "SELECT inbox_requeue_dead($1::text::regclass, $2::int4)";
+pub const REQUEUE_DEAD: Sql = Sql {
+    text: "SELECT inbox_requeue_dead($1::text::regclass, $2::int4)",
+    params: &[Type::TEXT, Type::INT4],
+};
 
 /// `inbox_discard(queue, id)`: true when the dead job was deleted.
-pub const DISCARD: &str = "SELECT inbox_discard($1::text::regclass, $2::int8)";
+pub const DISCARD: Sql = Sql {
+    text: "SELECT inbox_discard($1::text::regclass, $2::int8)",
+    params: &[Type::TEXT, Type::INT8],
+};
 
 /// `inbox_enqueue(queue, payload, run_at, key)`: the new id, NULL when the key is queued.
-pub const ENQUEUE: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
-     coalesce($3::text::timestamptz, now()), $4::text)";
+pub const ENQUEUE: Sql = Sql {
+    text: "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
+        coalesce($3::text::timestamptz, now()), $4::text)",
+    params: &[Type::TEXT, Type::JSONB, Type::TEXT, Type::TEXT],
+};
 
 /// `inbox_enqueue(queue, payload, run_at, key, priority, group_key)`, for a job given a priority
 /// or a group (0 is the function's default priority).
-pub const ENQUEUE_PLACED: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
-     coalesce($3::text::timestamptz, now()), $4::text, coalesce($5::int4, 0), $6::text)";
+pub const ENQUEUE_PLACED: Sql = Sql {
+    text: "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
+        coalesce($3::text::timestamptz, now()), $4::text, coalesce($5::int4, 0), $6::text)",
+    params: &[
+        Type::TEXT,
+        Type::JSONB,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::TEXT,
+    ],
+};
 
 /// `inbox_enqueue_batch(queue, payloads, run_at, keys, priority, group_keys)`: how many were
 /// inserted, for jobs given a priority or a group.
-pub const ENQUEUE_BATCH_PLACED: &str = "SELECT count(*) FROM inbox_enqueue_batch(\
-     $1::text::regclass, $2::jsonb[], coalesce($3::text::timestamptz, now()), NULL::text[], \
-     coalesce($4::int4, 0), $5::text[])";
+pub const ENQUEUE_BATCH_PLACED: Sql = Sql {
+    text: "SELECT count(*) FROM inbox_enqueue_batch(\
+        $1::text::regclass, $2::jsonb[], coalesce($3::text::timestamptz, now()), NULL::text[], \
+        coalesce($4::int4, 0), $5::text[])",
+    params: &[
+        Type::TEXT,
+        Type::JSONB_ARRAY,
+        Type::TEXT,
+        Type::INT4,
+        Type::TEXT_ARRAY,
+    ],
+};
 
 /// `inbox_enqueue_batch(queue, payloads, run_at)`: how many were inserted.
-pub const ENQUEUE_BATCH: &str = "SELECT count(*) FROM inbox_enqueue_batch($1::text::regclass, \
-     $2::jsonb[], coalesce($3::text::timestamptz, now()))";
+pub const ENQUEUE_BATCH: Sql = Sql {
+    text: "SELECT count(*) FROM inbox_enqueue_batch($1::text::regclass, \
+        $2::jsonb[], coalesce($3::text::timestamptz, now()))",
+    params: &[Type::TEXT, Type::JSONB_ARRAY, Type::TEXT],
+};
 
 /// The purge's cutoff, fixed once for all its batches: now minus the duration, and whether the
 /// duration is positive (no table is read).
-pub const PURGE_CUTOFF: &str =
-    "SELECT (now() - d)::text, d > interval '0' FROM CAST($1::text AS interval) AS d";
+pub const PURGE_CUTOFF: Sql = Sql {
+    text: "SELECT (now() - d)::text, d > interval '0' FROM CAST($1::text AS interval) AS d",
+    params: &[Type::TEXT],
+};
 
 /// `inbox_purge(ledger, older_than, max)`: deletes at most `max` keys, returns how many.
-pub const PURGE: &str = "SELECT inbox_purge($1::text::regclass, $2::text::timestamptz, $3::int8)";
+pub const PURGE: Sql = Sql {
+    text: "SELECT inbox_purge($1::text::regclass, $2::text::timestamptz, $3::int8)",
+    params: &[Type::TEXT, Type::TEXT, Type::INT8],
+};
 
 /// `inbox_schedules(queue)`.
-pub const SCHEDULES: &str = "SELECT name, cron, time_zone, payload, to_json(next_tick) #>> '{}' \
-     FROM inbox_schedules($1::text::regclass)";
+pub const SCHEDULES: Sql = Sql {
+    text: "SELECT name, cron, time_zone, payload, to_json(next_tick) #>> '{}' \
+        FROM inbox_schedules($1::text::regclass)",
+    params: &[Type::TEXT],
+};
 
 /// `inbox_metrics()`: the gauges of every queue.
-pub const METRICS: &str = "SELECT queue, ready, delayed, leased, dead, oldest_ready_age_seconds, \
-     oldest_lease_age_seconds FROM inbox_metrics()";
+pub const METRICS: Sql = Sql {
+    text: "SELECT queue, ready, delayed, leased, dead, oldest_ready_age_seconds, \
+        oldest_lease_age_seconds FROM inbox_metrics()",
+    params: &[],
+};
+
+/// `set_config('statement_timeout', ms, true)`: bounds the statements of the current transaction
+/// only, so that no setting stays on a server connection a pooler shares.
+pub const TRANSACTION_TIMEOUT: Sql = Sql {
+    text: "SELECT set_config('statement_timeout', $1::text, true)",
+    params: &[Type::TEXT],
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [&Sql; 16] = [
+        &QUEUES,
+        &STATS,
+        &JOBS,
+        &DEAD_JOBS,
+        &REQUEUE,
+        &REQUEUE_DEAD,
+        &DISCARD,
+        &ENQUEUE,
+        &ENQUEUE_PLACED,
+        &ENQUEUE_BATCH_PLACED,
+        &ENQUEUE_BATCH,
+        &PURGE_CUTOFF,
+        &PURGE,
+        &SCHEDULES,
+        &METRICS,
+        &TRANSACTION_TIMEOUT,
+    ];
+
+    /// The type name of each `$n`'s first cast (`_jsonb` for `jsonb[]`), `$1` first; `None` for a
+    /// parameter never cast. The statements hold no quoted `$`.
+    fn casts(text: &str) -> Vec<Option<String>> {
+        let mut casts: Vec<Option<String>> = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find('$') {
+            rest = &rest[at + 1..];
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            let index: usize = rest[..digits].parse().expect("a parameter number");
+            rest = &rest[digits..];
+            if casts.len() < index {
+                casts.resize(index, None);
+            }
+            let Some(cast) = rest.strip_prefix("::") else {
+                continue;
+            };
+            let len = cast
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(cast.len());
+            let name = if cast[len..].starts_with("[]") {
+                format!("_{}", &cast[..len])
+            } else {
+                cast[..len].to_owned()
+            };
+            casts[index - 1].get_or_insert(name);
+        }
+        casts
+    }
+
+    #[test]
+    fn each_statement_declares_the_types_of_its_parameters_casts() {
+        for sql in ALL {
+            let declared: Vec<Option<String>> = sql
+                .params
+                .iter()
+                .map(|t| Some(t.name().to_owned()))
+                .collect();
+            assert_eq!(casts(sql.text), declared, "{}", sql.text);
+        }
+        assert_eq!(
+            casts("SELECT f($2::int8[], $1::text::regclass, $1::int4)"),
+            [Some("text".to_owned()), Some("_int8".to_owned())]
+        );
+        assert_eq!(casts("SELECT f($1)"), [None]);
+    }
+}

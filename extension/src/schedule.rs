@@ -29,39 +29,17 @@ use crate::error::*;
 use crate::plans;
 use crate::shape::{Payload, QueueShape};
 
-// The table of schedules, in the extension's schema. Each role sees and changes the schedules
-// of the queues it may use (see the policies), and `pg_dump` dumps its rows.
+// The table of schedules, in the extension's schema: the DDL the SQL-only build shares.
+extension_sql_file!("../../sql/shared/periodic_jobs.sql", name = "periodic_jobs");
+
+// What only an extension has: `pg_dump` dumps the table's rows, and an event trigger.
 extension_sql!(
     r#"
-CREATE TABLE inbox_periodic_jobs (
-    queue pg_catalog.regclass NOT NULL,
-    name pg_catalog.text NOT NULL CHECK (name <> ''),
-    cron pg_catalog.text NOT NULL,
-    time_zone pg_catalog.text NOT NULL,
-    payload pg_catalog.jsonb NOT NULL,
-    next_tick pg_catalog.timestamptz NOT NULL,
-    PRIMARY KEY (queue, name)
-);
-COMMENT ON TABLE inbox_periodic_jobs IS
-    'The schedules of inbox_schedule; their ticks become jobs in inbox_lease and inbox_lock.';
-CREATE INDEX inbox_periodic_jobs_due ON inbox_periodic_jobs (queue, next_tick);
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
-GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_periodic_jobs TO PUBLIC;
-ALTER TABLE inbox_periodic_jobs ENABLE ROW LEVEL SECURITY;
-CREATE POLICY inbox_periodic_jobs_read ON inbox_periodic_jobs FOR SELECT
-    USING (pg_catalog.has_table_privilege(queue, 'SELECT, INSERT')
-           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
-CREATE POLICY inbox_periodic_jobs_define ON inbox_periodic_jobs FOR INSERT
-    WITH CHECK (pg_catalog.has_table_privilege(queue, 'INSERT'));
-CREATE POLICY inbox_periodic_jobs_fire ON inbox_periodic_jobs FOR UPDATE
-    USING (pg_catalog.has_table_privilege(queue, 'INSERT'));
-CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
-    USING (pg_catalog.has_table_privilege(queue, 'INSERT')
-           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
--- A dropped queue takes its schedules with it. The privilege checks above cannot see a table
--- that is gone, so the policies let anyone see and remove the schedules of a queue that no
--- longer exists (which say nothing and fire nothing), and this function, which deletes those of
+-- A dropped queue takes its schedules with it. The policies' privilege checks cannot see a table
+-- that is gone, so they let anyone see and remove the schedules of a queue that no longer
+-- exists (which say nothing and fire nothing), and this function, which deletes those of
 -- the tables the command dropped, runs with the rights of whoever dropped them, like every other
 -- function of the extension.
 CREATE FUNCTION inbox_drop_schedules_of_dropped_tables() RETURNS event_trigger
@@ -77,7 +55,8 @@ REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
     EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
 "#,
-    name = "periodic_jobs"
+    name = "periodic_jobs_extension",
+    requires = ["periodic_jobs"]
 );
 
 const TABLE: &str = "inbox_periodic_jobs";

@@ -260,29 +260,24 @@ RETURN (queue::oid::int8 - CASE WHEN queue::oid::int8 > 2147483647 THEN 42949672
 -- The schema this build is installed in (for the functions that keep the caller's search_path).
 CREATE OR REPLACE FUNCTION inbox__install_schema() RETURNS text
 LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
-    SELECT p.pronamespace::regnamespace::text FROM pg_proc p
+    SELECT n.nspname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
      WHERE p.oid = 'inbox__install_schema()'::regprocedure
 $$;
 
 -- The name of a session-level prepared statement of `statement` (its parameters of `types`),
 -- prepared on first use: the statements a call runs are planned once per session and statement,
 -- as the pgrx build's plans are kept per backend and table (a table's DDL makes PostgreSQL plan
--- them again; a change of its columns changes the statement, hence its name). A session setting
--- remembers which are prepared, and pg_prepared_statements is asked only when it does not know
--- (a new session, a RESET ALL, a rolled-back first use: PREPARE is not transactional).
+-- them again; a change of its columns changes the statement, hence its name). Whether it is
+-- prepared is read from pg_prepared_statements on every call (about 10 us), so that a session's
+-- DEALLOCATE ALL or DISCARD ALL, or a rolled-back first use, costs one PREPARE, never an error.
 CREATE OR REPLACE FUNCTION inbox__prepared(statement text, types text) RETURNS text
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     statement_name text := 'inbox_' || md5(types || ';' || statement);
-    known text := coalesce(current_setting('inbox_sql_only.prepared', true), '');
 BEGIN
-    IF strpos(known, statement_name) > 0 THEN
-        RETURN statement_name;
-    END IF;
     IF NOT EXISTS (SELECT FROM pg_prepared_statements p WHERE p.name = statement_name) THEN
         EXECUTE format('PREPARE %I (%s) AS %s', statement_name, types, statement);
     END IF;
-    PERFORM set_config('inbox_sql_only.prepared', known || statement_name || ' ', false);
     RETURN statement_name;
 END
 $$;

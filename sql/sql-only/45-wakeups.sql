@@ -105,8 +105,8 @@ BEGIN
                        CASE WHEN shape.nullable_locked_until THEN 'locked_until IS NULL OR locked_until <= $1'
                             ELSE 'locked_until <= $1' END)
           INTO due USING clock_timestamp();
-    EXCEPTION WHEN OTHERS THEN
-        -- Session locks survive the rollback of this block: give them up.
+    EXCEPTION WHEN query_canceled OR others THEN
+        -- Session locks survive the rollback of this block (a cancel included): give them up.
         IF inbox__release_sleeper(queue) THEN NULL; END IF;
         PERFORM pg_advisory_unlock(k, inbox__gate_key())
            FROM pg_locks

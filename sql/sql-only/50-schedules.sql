@@ -8,8 +8,9 @@
 -- it, a dropped queue's schedules stay behind: they are never listed and never fire, and the next
 -- inbox_schedule, inbox_unschedule or firing deletes them.
 
--- A parsed cron expression. Masks hold one bit per value: seconds, minutes and hours as sorted
--- arrays (searched in order), months 1-12, days of month 1-31, weekdays 0-6 (Sunday is 0).
+-- A parsed cron expression: seconds, minutes and hours as sorted arrays (searched in order), the
+-- other fields as masks of one bit per value: months 1-12, days of month 1-31, weekdays 0-6
+-- (Sunday is 0).
 DO $$
 BEGIN
     IF pg_catalog.to_regtype('inbox__cron') IS NULL THEN
