@@ -25,8 +25,10 @@ BEGIN;
 -- Objects are created in the install schema (the first of the search_path). The functions are
 -- created with SET search_path FROM CURRENT, and pinned at the end to the catalog first, then
 -- this build's own objects, never the caller's schemas.
-SELECT pg_catalog.set_config('search_path',
-    pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_catalog, pg_temp', true);
+DO \$search_path\$ BEGIN
+    PERFORM pg_catalog.set_config('search_path',
+        pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_catalog, pg_temp', true);
+END \$search_path\$;
 -- Installing again over an install says nothing of the objects that are already there.
 SET LOCAL client_min_messages = warning;
 HEADER

@@ -13,8 +13,10 @@ BEGIN;
 -- Objects are created in the install schema (the first of the search_path). The functions are
 -- created with SET search_path FROM CURRENT, and pinned at the end to the catalog first, then
 -- this build's own objects, never the caller's schemas.
-SELECT pg_catalog.set_config('search_path',
-    pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_catalog, pg_temp', true);
+DO $search_path$ BEGIN
+    PERFORM pg_catalog.set_config('search_path',
+        pg_catalog.quote_ident(pg_catalog.current_schema()) || ', pg_catalog, pg_temp', true);
+END $search_path$;
 -- Installing again over an install says nothing of the objects that are already there.
 SET LOCAL client_min_messages = warning;
 
@@ -461,17 +463,30 @@ $$;
 -- locks as the pgrx build: (queue, 0) shared, then (queue, hashtext(group_key) | 1); more than 64
 -- groups at once take (queue, 0) exclusively instead.
 
--- Takes the locks of `groups` until the transaction ends.
+-- Takes the locks of `groups` until the transaction ends. Every enqueue into a group and every
+-- promotion takes them first, so this is also where a transaction that is not READ COMMITTED is
+-- refused: after the lock, the pgrx build reads the group through the latest committed snapshot,
+-- which SQL cannot take, and a REPEATABLE READ snapshot older than the last change of the group
+-- would strand a job behind a head that is gone or start a second head.
 CREATE OR REPLACE FUNCTION inbox__group_lock(queue regclass, groups text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     k int4 := inbox__lock_key(queue);
     distinct_groups text[] := ARRAY(SELECT DISTINCT g FROM unnest(groups) AS g WHERE g IS NOT NULL);
     n int := cardinality(distinct_groups);
+    isolation text := current_setting('transaction_isolation');
 BEGIN
     IF n = 0 THEN
         RETURN;
-    ELSIF n = 1 THEN
+    END IF;
+    IF isolation <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'feature_not_supported',
+            MESSAGE = format('ordered groups need READ COMMITTED in the SQL-only build; this '
+                             'transaction is %s', upper(isolation)),
+            HINT = 'Enqueue into groups and settle their jobs in READ COMMITTED transactions, '
+                   'or use the pgrx build (CREATE EXTENSION inbox).';
+    END IF;
+    IF n = 1 THEN
         PERFORM pg_advisory_xact_lock_shared(k, 0), pg_advisory_xact_lock(k, hashtext(distinct_groups[1]) | 1);
     ELSIF n > 64 THEN
         PERFORM pg_advisory_xact_lock(k, 0);

@@ -121,6 +121,21 @@ impl TestDb {
         self.config.clone()
     }
 
+    /// Whether the test database has the SQL-only build (`sql/inbox-sql-only.sql`, see
+    /// `docs/sql-only.md`) rather than the extension: the few behaviours that differ are checked
+    /// as that build defines them.
+    pub async fn sql_only(&self) -> bool {
+        self.client()
+            .await
+            .query_one(
+                "SELECT NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'inbox')",
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("cannot read pg_extension: {e}"))
+            .get(0)
+    }
+
     /// The name of this test's schema (a plain lower-case identifier, safe to format into SQL).
     pub fn schema(&self) -> &str {
         &self.schema

@@ -197,7 +197,8 @@ async fn workers_through_pgbouncer_with_more_clients_than_servers_deliver_every_
 
 /// How many sessions of this test's schema are listening, seen on a direct connection: those
 /// whose last statement was a LISTEN, or which sleep on a queue (`inbox_sleep`, whose lock has
-/// `objsubid` 26978; see `docs/sql-api.md`).
+/// `objsubid` 26978 in the pgrx build, and is `pg_advisory_lock_shared(queue, 26978)`, `objid`
+/// 26978 and `objsubid` 2, in the SQL-only build; see `docs/sql-api.md`, `docs/sql-only.md`).
 async fn listeners(db: &TestDb) -> i64 {
     db.client()
         .await
@@ -207,7 +208,9 @@ async fn listeners(db: &TestDb) -> i64 {
                AND pid <> pg_backend_pid() \
                AND (query LIKE 'LISTEN%' \
                     OR EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid \
-                                AND l.locktype = 'advisory' AND l.objsubid = 26978))",
+                                AND l.locktype = 'advisory' \
+                                AND (l.objsubid = 26978 \
+                                     OR (l.objid = 26978 AND l.objsubid = 2))))",
             &[],
         )
         .await
