@@ -462,5 +462,13 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_vacuum_due_wrapper';
 
+CREATE FUNCTION inbox_periodic_jobs_changed() RETURNS trigger LANGUAGE c
+    SET search_path = pg_catalog, pg_temp
+    AS 'inbox-0.2.0', 'inbox_periodic_jobs_changed_wrapper';
+
+CREATE TRIGGER inbox_periodic_jobs_changed AFTER INSERT OR UPDATE OF queue ON inbox_periodic_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION inbox_periodic_jobs_changed();
+ALTER TABLE inbox_periodic_jobs ENABLE ALWAYS TRIGGER inbox_periodic_jobs_changed;
+
 ALTER FUNCTION inbox_lease(regclass, integer, interval) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION inbox_lock(regclass, integer) SET plan_cache_mode = force_generic_plan;

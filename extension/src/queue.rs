@@ -370,7 +370,7 @@ fn inbox_enqueue_batch_bytes(
 /// (`#[pg_extern]` reads the column names from the signature, so they are spelled out there.)
 type Delivery = (i64, i32, i64, Option<Jsonb>, Option<Bytea>);
 
-/// Runs the lease or lock statement and reads the jobs it took.
+/// Locks up to `max` due jobs and reads them; with `lease`, also leases them.
 fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> Vec<Delivery> {
     let queue = required(queue, "queue").0;
     let max = required(max, "max");
@@ -380,19 +380,13 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
     Spi::connect_mut(|client| {
         crate::schedule::enqueue_due_ticks(client, queue);
         let shape = plans::queue(client, queue);
-        let (op, build): (Op, fn(&_) -> _) = if lease.is_some() {
-            (Op::Lease, |queue| statements::take(queue, true))
-        } else {
-            (Op::Lock, |queue| statements::take(queue, false))
-        };
-        let plan = plans::queue_plan(client, queue, op, build);
+        let plan = plans::queue_plan(client, queue, Op::Lock, statements::take);
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         let run = |client: &mut SpiClient<'_>, (rank, due, id): crate::head::Floor| {
             // SAFETY: timestamptz values are int64s passed by value.
             let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
             let mut args = vec![max.into(), timestamptz(now)];
-            args.extend(lease.map(DatumWithOid::from));
             if !shape.nullable_locked_until {
                 args.extend([rank.into(), timestamptz(due), id.into()]);
             }
@@ -427,7 +421,7 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
                 ))
             });
         crate::head::found(queue, floor, first, now, took);
-        (0..taken)
+        let deliveries: Vec<Delivery> = (0..taken)
             .map(|row| {
                 // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload),
                 // and SPI is still connected.
@@ -450,7 +444,18 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
                 };
                 (id, attempt, token, json, bytes)
             })
-            .collect()
+            .collect();
+        if let (Some(lease), false) = (lease, deliveries.is_empty()) {
+            // The jobs are locked by this transaction: the update finds every one of them.
+            let plan = plans::queue_plan(client, queue, Op::Lease, statements::lease);
+            let ids: Vec<i64> = deliveries.iter().map(|delivery| delivery.0).collect();
+            // SAFETY: a timestamptz is an int64 passed by value.
+            let now = unsafe { DatumWithOid::new(now, pg_sys::TIMESTAMPTZOID) };
+            client
+                .update(&*plan, None, &[ids.into(), now, lease.into()])
+                .unwrap_or_else(|e| internal(e));
+        }
+        deliveries
     })
 }
 

@@ -8,9 +8,11 @@
 //! Of any number of racing callers only the one holding a schedule's row fires it; the others
 //! skip it, and READ COMMITTED re-checks `next_tick` on the latest row version of a schedule just
 //! fired, so no tick is fired twice. With no leader and no clock of its own, a tick fires at the
-//! first lease after it; nothing is due most of the time, and then the call costs one index probe.
+//! first lease after it; nothing is due most of the time, and then the call costs one index probe,
+//! or on a queue without schedules nothing (see [`may_have_schedules`]).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::str::FromStr;
 
@@ -57,6 +59,33 @@ CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
 "#,
     name = "periodic_jobs_extension",
     requires = ["periodic_jobs"]
+);
+
+/// Sends the schedule table's relcache invalidation, which every session receives once the change
+/// commits, so that none keeps its copy of the scheduled queues (see [`may_have_schedules`]).
+#[pg_trigger(sql = r#"
+CREATE FUNCTION inbox_periodic_jobs_changed() RETURNS trigger LANGUAGE c
+    SET search_path = pg_catalog, pg_temp
+    AS '@MODULE_PATHNAME@', 'inbox_periodic_jobs_changed_wrapper';
+"#)]
+fn inbox_periodic_jobs_changed<'a>(
+    trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
+    let table = trigger.relation()?.oid();
+    // SAFETY: queues an invalidation of a table that exists, in the current transaction.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(table) };
+    Ok(None)
+}
+
+// `ALWAYS`: a subscriber's apply worker (session_replication_role = replica) must tell too.
+extension_sql!(
+    r#"
+CREATE TRIGGER inbox_periodic_jobs_changed AFTER INSERT OR UPDATE OF queue ON inbox_periodic_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION inbox_periodic_jobs_changed();
+ALTER TABLE inbox_periodic_jobs ENABLE ALWAYS TRIGGER inbox_periodic_jobs_changed;
+"#,
+    name = "periodic_jobs_changed",
+    requires = ["periodic_jobs", inbox_periodic_jobs_changed]
 );
 
 const TABLE: &str = "inbox_periodic_jobs";
@@ -154,6 +183,8 @@ struct Prepared {
     due: OwnedPreparedStatement,
     /// `$1` queue, `$2` name, `$3` next tick.
     advance: OwnedPreparedStatement,
+    /// The queues that have schedules.
+    scheduled: OwnedPreparedStatement,
 }
 
 thread_local! {
@@ -164,6 +195,9 @@ thread_local! {
     /// while one of them may be running).
     static STALE: Cell<bool> = const { Cell::new(false) };
     static CALLBACK: Cell<bool> = const { Cell::new(false) };
+    /// The queues with schedules as the user of this oid sees them (row-level security), dropped
+    /// with the statements.
+    static SCHEDULED: RefCell<Option<(Oid, HashSet<Oid>)>> = const { RefCell::new(None) };
 }
 
 #[pgrx::pg_guard]
@@ -209,6 +243,7 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
     }
     if STALE.with(|stale| stale.replace(false)) {
         PREPARED.with(|prepared| prepared.borrow_mut().take());
+        SCHEDULED.with(|scheduled| scheduled.borrow_mut().take());
     }
     if let Some(prepared) = PREPARED.with(|prepared| prepared.borrow().clone()) {
         return prepared;
@@ -234,10 +269,46 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
             format!("UPDATE {table} SET next_tick = $3 WHERE queue = $1 AND name = $2"),
             &[pg_sys::REGCLASSOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
         ),
+        scheduled: prepare(
+            format!("SELECT DISTINCT queue::pg_catalog.oid FROM {table}"),
+            &[],
+        ),
     });
     TABLE_OID.with(|table| table.set(oid));
     PREPARED.with(|cached| *cached.borrow_mut() = Some(prepared.clone()));
     prepared
+}
+
+/// Whether `queue` may have schedules; false when the session's copy of the scheduled queues says
+/// it has none, so that a lease on a queue without schedules costs no statement here. The copy
+/// is read at `READ COMMITTED` (its statement sees every schedule committed before it) and
+/// dropped by the table's relcache invalidation, which every change that can add a schedule to a
+/// queue sends when it commits (see [`inbox_periodic_jobs_changed`]); an older snapshot
+/// (`REPEATABLE READ`) may not see a schedule, so it neither reads nor trusts the copy.
+fn may_have_schedules(client: &SpiClient<'_>, prepared: &Prepared, queue: Oid) -> bool {
+    // SAFETY: reads the transaction's isolation level and the current user.
+    let (isolation, user) = unsafe { (pg_sys::XactIsoLevel, pg_sys::GetUserId()) };
+    if isolation >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        return true;
+    }
+    let known = SCHEDULED.with(|scheduled| {
+        scheduled
+            .borrow()
+            .as_ref()
+            .filter(|(seen_by, _)| *seen_by == user)
+            .map(|(_, queues)| queues.contains(&queue))
+    });
+    if let Some(known) = known {
+        return known;
+    }
+    let queues: HashSet<Oid> = client
+        .select(&prepared.scheduled, None, &[])
+        .unwrap_or_else(|e| internal(e))
+        .filter_map(|row| row.get::<Oid>(1).ok().flatten())
+        .collect();
+    let has = queues.contains(&queue);
+    SCHEDULED.with(|scheduled| *scheduled.borrow_mut() = Some((user, queues)));
+    has
 }
 
 /// The job of one tick: `$1` payload, `$2` due time (the tick), `$3` key. A tick whose job is
@@ -264,6 +335,9 @@ struct Due {
 /// the same call.
 pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
     let prepared = prepared(client);
+    if !may_have_schedules(client, &prepared, queue) {
+        return;
+    }
     let now = clock_now();
     let rows = client
         .update(

@@ -187,11 +187,11 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
 /// The rank by which leases order a table with priorities: higher priorities first.
 const PRIORITY_RANK: &str = "(-(priority::int8))";
 
-/// `$1` max, `$2` now, and for a lease `$3` its length; then, where `locked_until` is NOT NULL,
-/// the floor the scan starts from (see `head`: a rank, a due time and an id). Both forms pick
-/// due jobs in order with SKIP LOCKED, and return each job's due time and rank after its payload.
-/// A lease counts the attempt and hides the jobs until it ends; a lock only locks them (its
-/// settlement counts the attempt, see FENCE), so it costs what `SELECT ... FOR UPDATE` costs.
+/// `$1` max, `$2` now; then, where `locked_until` is NOT NULL, the floor the scan starts from
+/// (see `head`: a rank, a due time and an id). Picks due jobs in order with SKIP LOCKED and locks
+/// them; returns each job's id, the attempt its delivery counts, its payload, due time and rank.
+/// A lock stops there (its settlement counts the attempt, see FENCE), so it costs what
+/// `SELECT ... FOR UPDATE` costs; a lease then marks the locked jobs ([`lease`]).
 ///
 /// The order is by rank, then due time, then id. With a `priority` column the rank is
 /// `-priority` (higher first; as an int8, which cannot overflow), the index of
@@ -203,9 +203,8 @@ const PRIORITY_RANK: &str = "(-(priority::int8))";
 /// The two scans run one after the other (an `Append`) and stop once `max` jobs are locked, with
 /// no sort that would lock more than it returns. Without `priority` the rank is 0 and the floor
 /// compares `(locked_until, id)`.
-pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
+pub(crate) fn take(queue: &QueueShape) -> Sql {
     let table = &queue.table;
-    let floor = if lease { 4 } else { 3 };
     let (rank, finite) = if queue.has_priority {
         (PRIORITY_RANK, " AND locked_until < 'infinity'")
     } else {
@@ -217,7 +216,7 @@ pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
               WHERE {condition} ORDER BY {rank}, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED"
         )
     };
-    let (picked, nulls, floor_args) = if queue.nullable_locked_until {
+    let (picked, floor_args) = if queue.nullable_locked_until {
         let due = format!("(locked_until IS NULL OR (locked_until <= $2{finite}))");
         (
             format!(
@@ -225,16 +224,13 @@ pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
                   WHERE {due} ORDER BY {rank}, locked_until NULLS FIRST, id \
                   LIMIT $1 FOR UPDATE SKIP LOCKED"
             ),
-            " NULLS FIRST",
             vec![],
         )
     } else if queue.has_priority {
         let due = format!("locked_until <= $2{finite}");
-        let above = scan(&format!("{due} AND {rank} < ${floor}"));
+        let above = scan(&format!("{due} AND {rank} < $3"));
         let from_floor = scan(&format!(
-            "{due} AND ({rank}, locked_until, id) >= (${floor}, ${}, ${})",
-            floor + 1,
-            floor + 2
+            "{due} AND ({rank}, locked_until, id) >= ($3, $4, $5)"
         ));
         (
             format!(
@@ -242,54 +238,47 @@ pub(crate) fn take(queue: &QueueShape, lease: bool) -> Sql {
                                 UNION ALL SELECT * FROM ({from_floor}) AS from_floor) AS picked \
                  LIMIT $1"
             ),
-            "",
             vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID],
         )
     } else {
         (
-            scan(&format!(
-                "locked_until <= $2 AND (locked_until, id) >= (${}, ${})",
-                floor + 1,
-                floor + 2
-            )),
-            "",
+            scan("locked_until <= $2 AND (locked_until, id) >= ($4, $5)"),
             // The rank of the floor is passed too, and unused.
             vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID],
         )
     };
-    if !lease {
-        return Sql {
-            text: format!(
-                "SELECT id::int8, (attempt + 1)::int4, payload, due, rank FROM ({picked}) AS picked"
-            ),
-            args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID]
-                .into_iter()
-                .chain(floor_args)
-                .collect(),
-        };
+    Sql {
+        text: format!(
+            "SELECT id::int8, (attempt + 1)::int4, payload, due, rank FROM ({picked}) AS picked"
+        ),
+        args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID]
+            .into_iter()
+            .chain(floor_args)
+            .collect(),
     }
+}
+
+/// `$1` the ids of jobs that [`take`] locked in this transaction, `$2` now, `$3` the lease's
+/// length: counts their attempt and hides them until the lease ends. Apart from the take, so
+/// that both stay simple plans (a scan, and a primary-key update) rather than one plan that joins
+/// and sorts what the update returns.
+pub(crate) fn lease(queue: &QueueShape) -> Sql {
     let leased_at = if queue.has_leased_at {
         ", leased_at = $2"
     } else {
         ""
     };
-    // The update finds its rows through the primary key (`= ANY (ARRAY(...))`) whatever the
-    // plan's estimate for `LIMIT $1`: a join here may be planned as a scan of the whole queue.
     Sql {
         text: format!(
-            "WITH next AS MATERIALIZED (SELECT id, rank, due FROM ({picked}) AS picked), taken AS ( \
-                 UPDATE {table} AS q SET attempt = q.attempt + 1, locked_until = $2 + $3{leased_at} \
-                  WHERE q.id = ANY (ARRAY(SELECT id FROM next)) \
-                 RETURNING q.id, q.attempt, q.payload \
-             ) \
-             SELECT taken.id::int8, taken.attempt::int4, taken.payload, next.due, next.rank \
-               FROM taken JOIN next ON next.id = taken.id \
-              ORDER BY next.rank, next.due{nulls}, taken.id"
+            "UPDATE {} SET attempt = attempt + 1, locked_until = $2 + $3{leased_at} \
+              WHERE id = ANY ($1)",
+            queue.table
         ),
-        args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID]
-            .into_iter()
-            .chain(floor_args)
-            .collect(),
+        args: vec![
+            pg_sys::INT8ARRAYOID,
+            pg_sys::TIMESTAMPTZOID,
+            pg_sys::INTERVALOID,
+        ],
     }
 }
 

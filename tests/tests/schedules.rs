@@ -291,6 +291,51 @@ async fn ticks_missed_while_no_worker_ran_give_one_job_for_the_latest() {
     assert!(next_tick(&client, "jobs", "often").await > tick);
 }
 
+/// A session remembers which queues have schedules, so that its leases on the others run no
+/// statement for them: a schedule declared after its leases found none, by another session
+/// (through `inbox_schedule`, or by a row inserted into the table directly) or by itself in the
+/// lease's own transaction, still fires at its next lease.
+#[tokio::test]
+async fn a_schedule_declared_after_leases_found_none_fires_at_the_next_lease() {
+    let db = TestDb::new().await;
+    let worker = db.client().await;
+    let other = db.client().await;
+    for queue in ["first", "second", "third"] {
+        create_queue(&worker, queue).await;
+        assert!(lease_and_ack(&worker, queue).await.is_empty());
+    }
+    other
+        .batch_execute("SELECT inbox_schedule('first', 'often', '* * * * * *')")
+        .await
+        .unwrap();
+    other
+        .batch_execute(
+            "INSERT INTO inbox_periodic_jobs (queue, name, cron, time_zone, payload, next_tick) \
+             VALUES ('second'::regclass, 'direct', '* * * * * *', 'UTC', '{}', clock_timestamp())",
+        )
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(lease_and_ack(&worker, "first").await.len(), 1);
+    assert_eq!(lease_and_ack(&worker, "second").await.len(), 1);
+    // Declared and leased in one transaction of the session that found none before.
+    worker
+        .batch_execute(
+            "BEGIN; \
+             INSERT INTO inbox_periodic_jobs (queue, name, cron, time_zone, payload, next_tick) \
+             VALUES ('third'::regclass, 'own', '* * * * * *', 'UTC', '{}', clock_timestamp() - interval '1 second')",
+        )
+        .await
+        .unwrap();
+    let taken = worker
+        .query("SELECT id FROM inbox_lease('third'::regclass, 10)", &[])
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    worker.batch_execute("ROLLBACK").await.unwrap();
+    assert!(fired_keys(&worker, "third").await.is_empty());
+}
+
 /// A weekly schedule's next tick is stored: a new connection (a restarted service) sees it, a
 /// service that declares the schedule again at its start keeps it, and once the week has passed
 /// (the stored tick moved back a week, as if the service had been down over it) the first lease

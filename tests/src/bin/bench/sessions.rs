@@ -68,13 +68,14 @@ impl Step {
     fn sql(self) -> Vec<String> {
         let side = self.side();
         let (q, ledger, done) = (side.queue(), side.ledger(), side.done());
-        // The raw SQL's choice of due jobs is the extension's: oldest first, skipping locked ones.
-        let next = |n: usize| {
-            format!(
-                "SELECT id FROM {q} WHERE locked_until <= now() \
-                 ORDER BY locked_until, id LIMIT {n} FOR UPDATE SKIP LOCKED"
-            )
-        };
+        // The raw SQL's choice of due jobs is the extension's: oldest first, skipping locked ones,
+        // in the order of the queue's index (`(-priority, locked_until, id)`, partial), which a
+        // hand-written loop on this table would use too (any other order sorts the whole queue).
+        let due = format!(
+            "FROM {q} WHERE locked_until <= now() AND locked_until < 'infinity' \
+             ORDER BY (-(priority::int8)), locked_until, id"
+        );
+        let next = |n: usize| format!("SELECT id {due} LIMIT {n} FOR UPDATE SKIP LOCKED");
         let raw_lease = |n: usize| {
             let which = if n == 1 {
                 format!("id = ({})", next(1))
@@ -166,10 +167,7 @@ impl Step {
                 format!("SELECT inbox_ack('{q}'::regclass, $1::int8, $2::int8)"),
             ],
             Step::LockAck { side: Side::Raw } => vec![
-                format!(
-                    "SELECT id, attempt::int8, payload FROM {q} WHERE locked_until <= now() \
-                     ORDER BY locked_until, id LIMIT 1 FOR UPDATE SKIP LOCKED"
-                ),
+                format!("SELECT id, attempt::int8, payload {due} LIMIT 1 FOR UPDATE SKIP LOCKED"),
                 format!("DELETE FROM {q} WHERE id = $1"),
             ],
             Step::DeleteOne => vec![format!(
@@ -179,8 +177,7 @@ impl Step {
             Step::WorkerLoop { lock: false, group } => vec![raw_lease(group), raw_ack, insert_done],
             Step::WorkerLoop { lock: true, group } => vec![
                 format!(
-                    "SELECT id, attempt::int8, payload FROM {q} WHERE locked_until <= now() \
-                     ORDER BY locked_until, id LIMIT {group} FOR UPDATE SKIP LOCKED"
+                    "SELECT id, attempt::int8, payload {due} LIMIT {group} FOR UPDATE SKIP LOCKED"
                 ),
                 format!("DELETE FROM {q} WHERE id = $1"),
                 insert_done,
