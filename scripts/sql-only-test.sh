@@ -58,7 +58,8 @@ echo "ok: installed into inbox_sql_only and inbox_sql_only_fresh as $owner"
 banner "SQL-only: the same API as the pgrx build"
 # Each API function (the pgrx build's names; the SQL-only build's own helpers are inbox__*) with
 # everything a caller can see of it. search_path is pinned differently (the SQL-only build's
-# helpers live in its schema), so it is left out of the settings compared.
+# helpers live in its schema), so it is left out of the settings compared; so are the trigger
+# functions, which only the pgrx build needs (its event trigger and its cache invalidation).
 api_sql="
 SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> '
        || pg_get_function_result(p.oid)
@@ -70,7 +71,8 @@ SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> '
        || ' | ' || coalesce(obj_description(p.oid, 'pg_proc'), '(no comment)')
   FROM pg_proc p
  WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'inbox\\_%'
-   AND p.proname NOT LIKE 'inbox\\_\\_%' AND p.prorettype <> 'event_trigger'::regtype
+   AND p.proname NOT LIKE 'inbox\\_\\_%'
+   AND p.prorettype NOT IN ('event_trigger'::regtype, 'trigger'::regtype)
 UNION ALL
 SELECT 'table ' || c.relname || ': ' || string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
                    || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END

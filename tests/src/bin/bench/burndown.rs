@@ -18,7 +18,9 @@ use tokio_postgres::NoTls;
 
 use super::figures::Payload;
 use super::measure::{median, retrying, Row, Target};
-use super::setup::{cpu_seconds, fill, peak_rss_kib, truncate, Ctx, Result, Side};
+use super::setup::{
+    cpu_seconds, fill, peak_rss_kib, truncate, Ctx, Result, Side, DUE_IN_INDEX_ORDER,
+};
 
 /// The transactional worker's default, as a service writes it: `workers(8)` and nothing else.
 const DEFAULT_WORKERS: usize = 8;
@@ -358,8 +360,8 @@ async fn run_raw(ctx: &Ctx, form: Form, jobs: u64) -> Result<(u64, Vec<tokio_pos
     };
     let lease = format!(
         "UPDATE {q} SET attempt = attempt + 1, locked_until = now() + interval '30 seconds', \
-         leased_at = now() WHERE id = ANY (ARRAY (SELECT id FROM {q} WHERE locked_until <= now() \
-         ORDER BY locked_until, id LIMIT {batch} FOR UPDATE SKIP LOCKED)) \
+         leased_at = now() WHERE id = ANY (ARRAY (SELECT id FROM {q} WHERE {DUE_IN_INDEX_ORDER} \
+         LIMIT {batch} FOR UPDATE SKIP LOCKED)) \
          RETURNING id, attempt::int8, payload"
     );
     let ack = format!(

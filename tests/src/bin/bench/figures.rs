@@ -490,8 +490,8 @@ async fn latency_raw(ctx: &Ctx, connections: usize, count: usize) -> Result<Vec<
             .prepare(&format!(
                 "UPDATE {Q_RAW} SET attempt = attempt + 1, \
                  locked_until = now() + interval '30 seconds', leased_at = now() \
-                 WHERE id = (SELECT id FROM {Q_RAW} WHERE locked_until <= now() \
-                 ORDER BY locked_until, id LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 WHERE id = (SELECT id FROM {Q_RAW} WHERE {DUE_IN_INDEX_ORDER} \
+                 LIMIT 1 FOR UPDATE SKIP LOCKED) \
                  RETURNING id, attempt::int8, payload"
             ))
             .await?;
@@ -658,7 +658,7 @@ async fn churn(ctx: &Ctx, side: Side, first: u64, total: u64) -> Result<(Size, S
                 format!(
                     "UPDATE {table} SET attempt = attempt + 1, locked_until = now() + interval '30 seconds', \
                      leased_at = now() WHERE id = ANY (ARRAY (SELECT id FROM {table} \
-                     WHERE locked_until <= now() ORDER BY locked_until, id LIMIT 100 \
+                     WHERE {DUE_IN_INDEX_ORDER} LIMIT 100 \
                      FOR UPDATE SKIP LOCKED)) RETURNING id, attempt::int8"
                 ),
                 format!(

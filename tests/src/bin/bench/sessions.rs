@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio_postgres::{Client, Row, Statement};
 
 use super::measure::window;
-use super::setup::{truncate, Ctx, Refill, Result, Side, Q_RAW};
+use super::setup::{truncate, Ctx, Refill, Result, Side, DUE_IN_INDEX_ORDER, Q_RAW};
 
 /// What one connection does again and again; each step settles or writes some units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,13 +68,8 @@ impl Step {
     fn sql(self) -> Vec<String> {
         let side = self.side();
         let (q, ledger, done) = (side.queue(), side.ledger(), side.done());
-        // The raw SQL's choice of due jobs is the extension's: oldest first, skipping locked ones,
-        // in the order of the queue's index (`(-priority, locked_until, id)`, partial), which a
-        // hand-written loop on this table would use too (any other order sorts the whole queue).
-        let due = format!(
-            "FROM {q} WHERE locked_until <= now() AND locked_until < 'infinity' \
-             ORDER BY (-(priority::int8)), locked_until, id"
-        );
+        // The raw SQL's choice of due jobs is the extension's, skipping locked ones.
+        let due = format!("FROM {q} WHERE {DUE_IN_INDEX_ORDER}");
         let next = |n: usize| format!("SELECT id {due} LIMIT {n} FOR UPDATE SKIP LOCKED");
         let raw_lease = |n: usize| {
             let which = if n == 1 {

@@ -174,6 +174,13 @@ impl Ctx {
     }
 }
 
+/// The raw SQL's choice of due jobs, as the extension's: oldest first within the highest
+/// priority, in the order of the queue's partial index `((-priority), locked_until, id) WHERE
+/// locked_until < 'infinity'`, which a hand-written loop on these tables would use too (any other
+/// order sorts the whole queue on every take). Follows `FROM <queue> WHERE`.
+pub const DUE_IN_INDEX_ORDER: &str = "locked_until <= now() AND locked_until < 'infinity' \
+     ORDER BY (-(priority::int8)), locked_until, id";
+
 /// Creates the benchmark's tables (all through the extension, but the handlers' `done` tables).
 pub async fn create_tables(client: &Client) -> Result<()> {
     let mut sql = String::from("SET client_min_messages = warning;");

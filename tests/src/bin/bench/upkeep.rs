@@ -350,7 +350,7 @@ async fn churn_raw(ctx: &Ctx, every: u64, total: u64) -> Result<Vec<Point>> {
             .prepare(&format!(
                 "UPDATE {t} SET attempt = attempt + 1, locked_until = now() + interval '30 seconds', \
                  leased_at = now() WHERE id = ANY (ARRAY (SELECT id FROM {t} \
-                 WHERE locked_until <= now() ORDER BY locked_until, id LIMIT 100 \
+                 WHERE {DUE_IN_INDEX_ORDER} LIMIT 100 \
                  FOR UPDATE SKIP LOCKED)) RETURNING id, attempt::int8"
             ))
             .await?;
