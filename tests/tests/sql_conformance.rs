@@ -1123,6 +1123,8 @@ async fn observe_errors_carry_the_extensions_messages() {
 
 #[tokio::test]
 async fn inbox_jobs_of_a_bytea_queue_with_nullable_locked_until() {
+    /// id, state, attempt, no last error, no jsonb payload, the bytea payload.
+    type JobRow = (i64, String, i32, bool, bool, Option<Vec<u8>>);
     let (_db, client) = setup().await;
     run(
         &client,
@@ -1131,7 +1133,7 @@ async fn inbox_jobs_of_a_bytea_queue_with_nullable_locked_until() {
              (0, NULL, '\\x01'), (1, now() + interval '1 minute', '\\x04'), (2, 'infinity', '\\x05')",
     )
     .await;
-    let jobs: Vec<(i64, String, i32, bool, bool, Option<Vec<u8>>)> = client
+    let jobs: Vec<JobRow> = client
         .query(
             "SELECT id, state, attempt, last_error IS NULL, payload IS NULL, payload_bytes \
                FROM inbox_jobs('refund_jobs')",
