@@ -3,8 +3,11 @@
 //! schema-qualified, as an operator would name any queue.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+mod support;
+use support::{sample, Exporter};
 
 use assert_cmd::Command;
 use inbox_tests::TestDb;
@@ -481,63 +484,6 @@ fn connection_errors_exit_3_and_never_show_the_password() {
         .unwrap();
     assert_eq!(output.status.code(), Some(3));
     assert!(!String::from_utf8_lossy(&output.stderr).contains("hunter2"));
-}
-
-/// A running `inbox metrics`, stopped when dropped.
-struct Exporter {
-    child: Child,
-    url: String,
-}
-
-impl Exporter {
-    fn start(database_url: &str) -> Exporter {
-        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("inbox"))
-            .args(["metrics", "--listen", "127.0.0.1:0"])
-            .env("DATABASE_URL", database_url)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        // Keep reading what it logs (a failed scrape), as a terminal or a journal would.
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                eprintln!("exporter: {line}");
-            }
-        });
-        let url = line
-            .split_whitespace()
-            .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("the exporter did not say where it listens: {line:?}"))
-            .to_owned();
-        Exporter { child, url }
-    }
-
-    fn scrape(&self) -> (String, String) {
-        let mut response = ureq::get(&self.url).call().unwrap();
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        (content_type, response.body_mut().read_to_string().unwrap())
-    }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The value of the sample `name{labels}` in a scrape.
-fn sample(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

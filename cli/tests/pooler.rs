@@ -2,11 +2,12 @@
 //! started by each test), which runs each transaction of a client on whichever server connection
 //! is free and does not track named prepared statements: every subcommand must work there.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod support;
+use support::{sample, Exporter};
 
 use assert_cmd::Command;
 use inbox_tests::{PgBouncer, TestDb};
@@ -64,61 +65,6 @@ fn json_with_input(url: &str, args: &[&str], stdin: &str) -> Value {
 
 fn json(url: &str, args: &[&str]) -> Value {
     json_with_input(url, args, "")
-}
-
-/// A running `inbox metrics`, stopped when dropped.
-struct Exporter {
-    child: Child,
-    url: String,
-}
-
-impl Exporter {
-    fn start(database_url: &str) -> Exporter {
-        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("inbox"))
-            .args(["metrics", "--listen", "127.0.0.1:0"])
-            .env("DATABASE_URL", database_url)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        // What it logs next (a failed scrape) goes to the test's output.
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                eprintln!("exporter: {line}");
-            }
-        });
-        let url = line
-            .split_whitespace()
-            .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("the exporter did not start: {line:?}"))
-            .to_owned();
-        Exporter { child, url }
-    }
-
-    fn scrape(&self) -> String {
-        ureq::get(&self.url)
-            .call()
-            .unwrap()
-            .body_mut()
-            .read_to_string()
-            .unwrap()
-    }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The value of the sample `series` in a scrape.
-fn sample(body: &str, series: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// Creates the queue `mail` (with a schedule) and the ledger `seen` (25 keys three days old, 5
@@ -235,7 +181,7 @@ async fn every_subcommand(db: &TestDb, direct: &Client, url: &str) {
     // `inbox_metrics()` qualifies every name.
     let ready = format!("inbox_jobs{{queue=\"{queue}\",state=\"ready\"}}");
     for _ in 0..5 {
-        let body = exporter.scrape();
+        let (_, body) = exporter.scrape();
         assert_eq!(sample(&body, "inbox_up"), Some(1.0), "{body}");
         assert_eq!(sample(&body, &ready), Some(8.0), "{body}");
     }
