@@ -199,8 +199,10 @@ struct Shared {
     /// Leased jobs being worked on (id → token): what the heartbeat extends, and what a
     /// shutdown releases if their handlers had to be abandoned.
     in_flight: Mutex<HashMap<i64, i64>>,
-    /// Locked jobs whose delivery failed and was rolled back, by id, until their settlement
-    /// commits: a slot that takes one in the moment between settles it as it failed.
+    /// Locked jobs whose delivery failed, by id, until their settlement commits (the delivery's
+    /// writes were rolled back, or its settlement is in a transaction that a replay may still
+    /// roll back): a slot that takes one in the moment its lock is released settles it as it
+    /// failed, rather than run the attempt again.
     lock_failures: Mutex<HashMap<i64, LockFailure>>,
 }
 

@@ -380,10 +380,13 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
                         failed,
                         tally: WorkerStats::default(),
                     };
+                    // A locked job's failure is remembered until the group commits, also when it
+                    // is settled in this transaction at once: a later replay of the group rolls
+                    // that settlement back, and another slot may take the job in that moment.
+                    if failure.job.token < 0 {
+                        shared.remember_lock_failure(&failure.job, &failure.outcome, failed);
+                    }
                     if wrote {
-                        if failure.job.token < 0 {
-                            shared.remember_lock_failure(&failure.job, &failure.outcome, failed);
-                        }
                         group.replay(shared, conn, Some(failure)).await?;
                     } else {
                         group.failures.push(failure);
