@@ -15,7 +15,8 @@ else
 fi
 PGRX_VERSION=0.18.1
 
-banner() { printf '\n\033[1m==== %s ====\033[0m\n' "$*"; }
+# Each banner shows the seconds since the script began, so a slow step shows in any log.
+banner() { printf '\n\033[1m==== %s ==== [%ss]\033[0m\n' "$*" "$SECONDS"; }
 
 # Cleanup commands run in reverse order when the script exits, also on failure or Ctrl-C.
 _on_exit_cmds=()
