@@ -30,6 +30,13 @@ pub(crate) const BATCH_RELEASE: &str = "RELEASE SAVEPOINT inbox_client_batch";
 pub(crate) const BATCH_ROLLBACK: &str =
     "ROLLBACK TO SAVEPOINT inbox_client_batch; RELEASE SAVEPOINT inbox_client_batch";
 
+/// The savepoint inside which a worker runs each delivery of a locked job, so that a failure is
+/// undone without giving up the transaction's row locks.
+pub(crate) const DELIVERY_SAVEPOINT: &str = "SAVEPOINT inbox_delivery";
+
+/// Undoes a locked delivery to its savepoint (which stays, as the next delivery's parent).
+pub(crate) const DELIVERY_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT inbox_delivery";
+
 /// `inbox_lease(queue, max, lease)`: takes and leases due jobs (committed on its own).
 pub(crate) const QUEUE_LEASE: &str =
     "SELECT id, attempt, token, payload, payload_bytes FROM inbox_lease($1::text::regclass, $2::int4, $3::text::interval)";

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use inbox_client::worker::{
     transactional, Claim, HandlerError, HandlerResult, Job, Outcome, RetryPolicy, Worker,
-    WorkerStats,
+    WorkerStats, LOCK_GROUP_MAX,
 };
 use inbox_client::{Database, ErrorKind, PgDatabase, Queue, QueueStats, Statement};
 use inbox_tests::{PgBouncer, TestDb};
@@ -644,8 +644,8 @@ async fn chaos_adaptive_groups_every_job_acked_once_or_dead() {
     chaos(20_000, Claim::Lease, None).await;
 }
 
-/// The same with row locks and adaptive groups: a failed delivery's rollback releases its
-/// group's locks, and other slots take some of those jobs before the group is fenced again.
+/// The same with row locks and adaptive groups: a failed delivery is undone to its savepoint,
+/// its group's jobs still locked, and settled in the group's transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_lock_adaptive_groups_every_job_acked_once_or_dead() {
     chaos(10_000, Claim::Lock, None).await;
@@ -1073,8 +1073,9 @@ async fn shutdown_abandons_handlers_past_the_deadline_and_releases_their_jobs() 
 // ------------------------------------------------------------------------------------------------
 
 /// In a group of 5 committed together, a delivery that asks for a retry, fails or panics rolls
-/// back only its own writes: the group is rolled back and replayed without it, the other four
-/// commit in one transaction, and it is retried (attempt 2) and acked.
+/// back only its own writes: a leased group is rolled back and replayed without it, a locked one
+/// undoes it to its savepoint; the other four commit in one transaction, and it is retried
+/// (attempt 2) and acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_commits_the_others_when_one_delivery_fails() {
     quiet_chaos_panics();
@@ -1115,9 +1116,14 @@ async fn group_commits_the_others_when_one_delivery_fails() {
             .await;
 
             let case = format!("{claim:?}, {failure:?}");
-            // Jobs 0 and 1 ran before job 2 failed: the group is replayed without it (no
-            // savepoint), so they run again; then job 2's second attempt.
-            assert_eq!(runs.load(Ordering::SeqCst), 8, "{case}");
+            // Jobs 0 and 1 ran before job 2 failed: a leased group is replayed without it (no
+            // savepoint), so they run again; a locked group goes on from job 2's savepoint. Then
+            // job 2's second attempt.
+            let expected_runs = match claim {
+                Claim::Lease => 8,
+                Claim::Lock => 6,
+            };
+            assert_eq!(runs.load(Ordering::SeqCst), expected_runs, "{case}");
             let effects = effects(&db).await;
             let mut group_xids = HashSet::new();
             for n in 0..5 {
@@ -1230,6 +1236,44 @@ async fn killed_group(victim: i64) {
             "{claim:?}"
         );
     }
+}
+
+/// A locked group is at most `LOCK_GROUP_MAX` (64) deliveries, whatever the group size asked
+/// for: each is a subtransaction (its savepoint), and a transaction with more than 64 makes every
+/// snapshot in the server look them up in `pg_subtrans`. 200 ready jobs, groups of 500 asked:
+/// no transaction commits more than 64 effects, and each job's effect commits once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_groups_stay_within_the_subtransaction_cache() {
+    let db = TestDb::new().await;
+    let pg = setup_jobs(&db, 4, 200).await;
+    let handler = transactional(|job: Job<i64>, tx: &dyn Database| {
+        Box::pin(async move {
+            tx.execute(&effect(&job)).await?;
+            Ok(Outcome::ack())
+        })
+    });
+    let stats = drain(
+        Worker::transactional(pg.clone(), "jobs", handler)
+            .workers(1)
+            .claim(Claim::Lock)
+            .group_size(500)
+            .group_time(Duration::from_secs(60))
+            .poll_interval(Duration::from_millis(20)),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(stats.acked, 200);
+    assert_each_effect_once(&db, 200).await;
+    let client = db.client().await;
+    let largest: i64 = client
+        .query_one(
+            "SELECT max(n) FROM (SELECT count(*) AS n FROM effects GROUP BY xid) AS t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(largest, LOCK_GROUP_MAX as i64);
 }
 
 /// A handler that ignores a failed statement and acks leaves its group's transaction aborted:

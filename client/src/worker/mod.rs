@@ -24,7 +24,7 @@
 //! # Groups
 //!
 //! A transactional worker commits several deliveries at once: each slot takes what is ready, up
-//! to a group, runs the deliveries one after another in one transaction (no savepoint), and
+//! to a group, runs the deliveries one after another in one transaction, and
 //! settles the whole group (`inbox_ack_all`) in the round trip that commits it and takes the next
 //! group. By default the groups adapt to the handlers: a slot starts with one job and doubles
 //! while its groups finish within [`group_time`](Worker::group_time) (20 ms), up to
@@ -33,15 +33,22 @@
 //! job).
 //!
 //! A delivery that fails (an error, a panic, or an outcome other than ack) must be undone alone.
-//! Without a savepoint that means: the group's transaction is rolled back, the jobs still held
-//! are fenced again in a new transaction (`inbox_fence`), the failed job is settled there, and
-//! the deliveries before it run again (their writes were undone with it). So the handlers of a
-//! group may run more than once per delivery when one of them fails: their effects in the
-//! database still commit exactly once, but effects outside it must be idempotent anyway (they
-//! are at least once in every mode). After three replays in one group, or once a group has run
-//! for its time bound, the slot commits what it has done and goes on in a new transaction. A
-//! group never opens a subtransaction (each costs every snapshot in the server once more than 64
-//! are open), unless a handler opens one itself (`batch_atomic`).
+//! A leased group does it without a savepoint: the group's transaction is rolled back, the jobs
+//! still held are fenced again in a new transaction (`inbox_fence`; their leases kept them
+//! meanwhile), the failed job is settled there, and the deliveries before it run again (their
+//! writes were undone with it). So the handlers of a group may run more than once per delivery
+//! when one of them fails: their effects in the database still commit exactly once, but effects
+//! outside it must be idempotent anyway (they are at least once in every mode). After three
+//! replays in one group, or once a group has run for its time bound, the slot commits what it has
+//! done and goes on in a new transaction. A leased group never opens a subtransaction (each
+//! costs every snapshot in the server once more than 64 are open), unless a handler opens one
+//! itself (`batch_atomic`).
+//!
+//! A locked group ([`Claim::Lock`]) holds its jobs by row locks only, which a rollback would give
+//! up to other workers before the failure is recorded; so each of its deliveries runs inside a
+//! savepoint, opened in the round trip of the handler's first statement, and a failure is undone
+//! to it with every job still locked and settled at once. Such groups are at most
+//! [`LOCK_GROUP_MAX`] (64) jobs, a subtransaction each.
 //!
 //! # Connection poolers
 //!
@@ -83,6 +90,12 @@ pub use policy::RetryPolicy;
 
 /// The largest group a transactional worker with adaptive groups (the default) commits at once.
 pub const ADAPTIVE_GROUP_MAX: usize = 64;
+
+/// The largest group of a worker with [`Claim::Lock`], whatever its
+/// [`group_size`](Worker::group_size): each delivery of a locked group is a subtransaction, and a
+/// transaction with more than 64 makes every snapshot in the server look them up in
+/// `pg_subtrans`.
+pub const LOCK_GROUP_MAX: usize = 64;
 
 /// How a worker takes its jobs; see the [module documentation](self) for which to choose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -414,7 +427,8 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
     /// By default the groups adapt to the handlers: a slot starts with one job, doubles its
     /// group while groups finish within [`group_time`](Worker::group_time), up to
     /// [`ADAPTIVE_GROUP_MAX`], and takes fewer when deliveries are slow, so slow handlers still
-    /// run `workers` at a time and a lone job runs and commits at once.
+    /// run `workers` at a time and a lone job runs and commits at once. With [`Claim::Lock`] a
+    /// group is at most [`LOCK_GROUP_MAX`] jobs, whatever `n`.
     pub fn group_size(mut self, n: usize) -> Self {
         self.settings.group_size = Some(n.max(1));
         self

@@ -1,13 +1,22 @@
 //! Transactional mode: a slot takes a group of jobs (what is ready, up to the group size), runs
-//! their deliveries one after another in one transaction, without savepoints, and settles the
-//! whole group in the round trip that commits it and takes the next group.
+//! their deliveries one after another in one transaction, and settles the whole group in the
+//! round trip that commits it and takes the next group.
 //!
-//! A delivery that fails (an error, a panic, or an outcome other than ack) cannot be undone alone
-//! without a savepoint, so the group's transaction is rolled back and replayed without it: the
-//! jobs still held are fenced again in the new transaction (`inbox_fence`), the failed job is
-//! settled there, and the deliveries before it run again. After [`MAX_REPLAYS`] replays in one
-//! group, or once the group has run for its time bound, the slot commits what is done and goes on
-//! with the rest in a new transaction, so a group costs at most a bounded number of runs per job.
+//! A leased group runs without savepoints. A delivery that fails (an error, a panic, or an
+//! outcome other than ack) cannot be undone alone without one, so the group's transaction is
+//! rolled back and replayed without it: the jobs still held are fenced again in the new
+//! transaction (`inbox_fence`; their leases kept them while no transaction held them), the failed
+//! job is settled there, and the deliveries before it run again. After [`MAX_REPLAYS`] replays
+//! in one group, or once the group has run for its time bound, the slot commits what is done and
+//! goes on with the rest in a new transaction, so a group costs at most a bounded number of runs
+//! per job.
+//!
+//! A locked group cannot do that: its jobs are held only by the transaction's row locks, which a
+//! rollback gives up, so another worker could take a failed job before its failure is recorded
+//! and run that attempt again. So each locked delivery runs inside a savepoint, opened in the
+//! round trip of the handler's first statement, and a failure is undone to it and settled with
+//! the rows still locked. A locked group is at most [`LOCK_GROUP_MAX`] jobs: a subtransaction
+//! each, no more than the server caches per transaction.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -21,6 +30,7 @@ use tracing::Instrument;
 use super::calls::{self, Taken};
 use super::{
     catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, TxHandler, WorkerStats,
+    LOCK_GROUP_MAX,
 };
 use crate::error::{within, DbError, ErrorKind};
 use crate::mode::{self, StatementMode};
@@ -210,8 +220,13 @@ async fn take_first(
             .await?
         }
     };
-    begun?;
+    // The lease committed on its own, before the BEGIN.
     let jobs = jobs?;
+    hold_leased(shared, &jobs);
+    if let Err(error) = begun {
+        shared.release(jobs.iter().map(|job| job.id));
+        return Err(error.into());
+    }
     if jobs.is_empty() {
         within(bound, conn.client().batch_execute(sql::ROLLBACK)).await??;
         conn.in_transaction = false;
@@ -219,7 +234,9 @@ async fn take_first(
     Ok(jobs)
 }
 
-/// The take statement (lease or lock) for up to a group of jobs; the jobs are recorded as held.
+/// The take statement (lease or lock) for up to a group of jobs. The caller records leased jobs
+/// as held (for the heartbeat) once their lease is known to have committed: a lease whose commit
+/// went unanswered must be left to expire.
 async fn take_query(
     shared: &Shared,
     conn: &SlotConnection,
@@ -234,13 +251,16 @@ async fn take_query(
         }
         Claim::Lock => conn.query(Call::Take, &[&shared.queue, &max]).await?,
     };
-    let jobs = calls::read_taken(rows)?;
+    calls::read_taken(rows)
+}
+
+/// Records jobs whose lease committed as held by this worker (the heartbeat extends them).
+fn hold_leased(shared: &Shared, jobs: &[Taken]) {
     shared.hold(
         jobs.iter()
             .filter(|job| job.token > 0)
             .map(|job| (job.id, job.token)),
     );
-    Ok(jobs)
 }
 
 /// A delivery that was not acked, to be settled in the group's transaction.
@@ -258,11 +278,13 @@ enum Delivered {
     Ack,
     /// The transaction was already aborted when the handler ran: not this delivery's failure.
     Poisoned,
-    /// Not acked; `wrote` when the handler ran (its writes must be undone).
+    /// Not acked; `wrote` when the handler ran (its writes must be undone), `saved` when it
+    /// ran inside the delivery's savepoint (a locked job's), to which they can be.
     Failed {
         outcome: Outcome,
         failed: bool,
         wrote: bool,
+        saved: bool,
     },
 }
 
@@ -293,15 +315,19 @@ struct GroupSize {
 
 impl GroupSize {
     fn new(settings: &super::Settings) -> Self {
+        let most = match settings.claim {
+            Claim::Lease => usize::MAX,
+            Claim::Lock => LOCK_GROUP_MAX,
+        };
         match settings.group_size {
             Some(n) => Self {
-                current: n,
-                max: n,
+                current: n.min(most),
+                max: n.min(most),
                 adaptive: false,
             },
             None => Self {
                 current: 1,
-                max: super::ADAPTIVE_GROUP_MAX,
+                max: super::ADAPTIVE_GROUP_MAX.min(most),
                 adaptive: true,
             },
         }
@@ -363,16 +389,21 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
             match deliver(shared, handler, conn, &job).instrument(span).await {
                 Delivered::Ack => group.done.push(job),
                 Delivered::Poisoned => {
-                    // Find the delivery that left the transaction aborted: from now on each
-                    // commits on its own, and the one whose commit fails is retried.
                     group.pending.push_front(job);
-                    group.one_by_one();
-                    group.replay(shared, conn, None).await?;
+                    // In a locked group the delivery that left its savepoint aborted is the one
+                    // before: undone to that savepoint and retried. Otherwise, find it: from
+                    // now on each delivery commits on its own, and the one whose commit fails
+                    // is retried.
+                    if !group.pin_on_last_delivery(shared, conn).await? {
+                        group.one_by_one();
+                        group.replay(shared, conn, None).await?;
+                    }
                 }
                 Delivered::Failed {
                     outcome,
                     failed,
                     wrote,
+                    saved,
                 } => {
                     let failure = Failure {
                         job,
@@ -386,7 +417,10 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
                     if failure.job.token < 0 {
                         shared.remember_lock_failure(&failure.job, &failure.outcome, failed);
                     }
-                    if wrote {
+                    // A locked delivery is undone to its savepoint, its job still locked; a
+                    // leased group is replayed without it (its lease holds the job meanwhile).
+                    let undone = !wrote || (saved && undo_delivery(shared, conn).await);
+                    if !undone {
                         group.replay(shared, conn, Some(failure)).await?;
                     } else {
                         group.failures.push(failure);
@@ -420,6 +454,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
             outcome: Outcome::Dead { reason },
             failed: false,
             wrote: false,
+            saved: false,
         };
     }
     let payload = match shared.decode::<T>(&job.payload) {
@@ -430,24 +465,46 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
                 outcome: Outcome::Dead { reason },
                 failed: false,
                 wrote: false,
+                saved: false,
             };
         }
     };
     let port = PgTransaction::in_transaction(conn.client())
         .with_statement_mode(shared.db.statement_mode())
         .with_round_trip_bound(shared.round_trip_bound());
-    let result = catch_handler(handler.handle(
+    let delivery = catch_handler(handler.handle(
         Job {
             id: job.id,
             attempt: job.attempt,
             payload,
         },
         &port,
-    ))
-    .await;
+    ));
+    // A locked delivery opens its savepoint in the round trip of the handler's first statement
+    // (`biased`: the savepoint's message is sent first).
+    let saved = job.token < 0;
+    let savepoint = async {
+        if saved {
+            within(
+                shared.round_trip_bound(),
+                conn.client().batch_execute(sql::DELIVERY_SAVEPOINT),
+            )
+            .await
+            .is_ok_and(|opened| opened.is_ok())
+        } else {
+            true
+        }
+    };
+    let (opened, result) = tokio::join!(biased; savepoint, delivery);
+    if !opened {
+        // The transaction was aborted before this delivery (or the connection is gone, which
+        // the replay finds): its handler saw only errors.
+        return Delivered::Poisoned;
+    }
     // A handler that finds the transaction already aborted was poisoned by an earlier delivery
-    // of the group that ignored a failed statement and acked.
-    if let Ok(Err(error)) = &result {
+    // of the group that ignored a failed statement and acked. (Inside its own savepoint, the
+    // abort can only be its own doing: a failure like any other.)
+    if let (false, Ok(Err(error))) = (saved, &result) {
         let aborted = error
             .downcast_ref::<DbError>()
             .and_then(DbError::sqlstate)
@@ -463,8 +520,20 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
             outcome,
             failed,
             wrote: true,
+            saved,
         },
     }
+}
+
+/// Undoes a locked delivery's writes to its savepoint, keeping the transaction's row locks;
+/// `false` when that failed (the group is then replayed).
+async fn undo_delivery(shared: &Shared, conn: &SlotConnection) -> bool {
+    let undone = within(
+        shared.round_trip_bound(),
+        conn.client().batch_execute(sql::DELIVERY_ROLLBACK),
+    )
+    .await;
+    matches!(undone, Ok(Ok(())))
 }
 
 /// The ids and tokens of `jobs`, as the array arguments of the extension's calls.
@@ -525,6 +594,39 @@ impl Group {
         }
         shared.counters.add(&lost);
         self.settle_failures(shared, conn).await
+    }
+
+    /// When the last delivery done was a locked one (inside its savepoint) and the savepoint of
+    /// the next could not be opened, that delivery acked though a statement of it had failed:
+    /// it is undone to its savepoint and settled as a retry. `false` when that does not apply
+    /// or did not work.
+    async fn pin_on_last_delivery(
+        &mut self,
+        shared: &Shared,
+        conn: &SlotConnection,
+    ) -> Result<bool, DbError> {
+        let locked = self.done.last().is_some_and(|job| job.token < 0);
+        if !locked || !undo_delivery(shared, conn).await {
+            return Ok(false);
+        }
+        let job = self.done.pop().expect("a delivery done");
+        let failure = Failure {
+            job,
+            outcome: Outcome::Retry {
+                after: None,
+                reason: Some(
+                    "the handler acked after a statement of its delivery failed".to_owned(),
+                ),
+            },
+            // It acked: not counted as a failed handler.
+            failed: false,
+            tally: WorkerStats::default(),
+        };
+        shared.remember_lock_failure(&failure.job, &failure.outcome, false);
+        self.failures.push(failure);
+        let last = self.failures.len() - 1;
+        self.settle(shared, conn, last).await?;
+        Ok(true)
     }
 
     /// Settles every failure in the (new) transaction.
@@ -662,13 +764,11 @@ impl Group {
                 }
             }
         };
+        // Until here the next group's jobs are not held: when the commit failed, a lease taken
+        // in its transaction was rolled back too, or, when its answer was lost (an error or no
+        // answer within the bound), it took and nothing works on its jobs here; either way the
+        // heartbeat must not keep them (they run again after their lease).
         if let Err(error) = settled {
-            // Nothing was committed: a lease taken in the same transaction was rolled back too,
-            // or, when the commit's answer was lost, it took and nothing works on its jobs here;
-            // either way the heartbeat must not keep them (they run again after their lease).
-            if let Ok(next) = &next {
-                shared.release(next.iter().map(|job| job.id));
-            }
             return self.recover(shared, conn, error).await.map(|()| None);
         }
         self.committed(shared);
@@ -676,6 +776,7 @@ impl Group {
             conn.in_transaction = false;
         }
         let next = next?;
+        hold_leased(shared, &next);
         if next.is_empty() && conn.in_transaction {
             within(bound, conn.client().batch_execute(sql::ROLLBACK)).await??;
             conn.in_transaction = false;
