@@ -6,7 +6,9 @@
 #      result, volatility, strictness, parallel safety, settings and comment;
 #   4. the SQL tour (sql/tour.sql) runs on it as that role;
 #   5. installing it again over a database in use (the upgrade in place) keeps the queues, leases,
-#      ledgers and schedules and leaves the catalog equal to a fresh install.
+#      ledgers and schedules and leaves the catalog equal to a fresh install;
+#   6. installed by a superuser, it creates the event trigger, and a dropped queue's schedules
+#      go with it.
 # Leaves database inbox_sql_only (owned by role inbox_sql_only_owner) with the build installed
 # for the integration suite.
 #
@@ -138,7 +140,19 @@ echo "ok: the catalog equals a fresh install"
 psql_on inbox_sql_only -o /dev/null -c "SELECT inbox_purge('seen', now() + interval '1 day')" \
   -c "DROP TABLE jobs, seen" -c "DELETE FROM inbox_periodic_jobs"
 
-for db in inbox_sql_only_fresh inbox_sql_only_pgrx; do
+banner "SQL-only: installed by a superuser, a dropped queue takes its schedules with it"
+# A schema owner cannot create the event trigger (checked above: the catalogs are equal without
+# it); a superuser's install does, and then DROP TABLE deletes the queue's schedules at once.
+superuser_db="$(INBOX_PG_URL=$server fresh_sql_only_database inbox_sql_only_superuser)"
+superuser_db=${superuser_db##*/}
+check "$superuser_db" "the event trigger exists" \
+  "SELECT count(*) = 1 FROM pg_event_trigger WHERE evtname = 'inbox_drop_schedules_of_dropped_tables'"
+psql_on "$superuser_db" -o /dev/null -c "SELECT inbox_create_queue('doomed')" \
+  -c "SELECT inbox_schedule('doomed', 'hourly', '0 * * * *', '{}')" -c "DROP TABLE doomed"
+check "$superuser_db" "the dropped queue's schedule went with it" \
+  "SELECT count(*) = 0 FROM inbox_periodic_jobs"
+
+for db in inbox_sql_only_fresh inbox_sql_only_pgrx "$superuser_db"; do
   psql_on postgres -c "DROP DATABASE $db WITH (FORCE)"
 done
 banner "SQL-only build: passed"

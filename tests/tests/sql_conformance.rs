@@ -1210,3 +1210,83 @@ async fn a_role_without_privilege_gets_insufficient_privilege() {
         0
     );
 }
+
+/// A session whose prepared statements are dropped (`DEALLOCATE ALL`, `DISCARD ALL`: what a
+/// pooler's reset query does) keeps working: each call plans its statements again, and none
+/// fails. The SQL-only build keeps its statements as the session's prepared statements, so this
+/// is where it could break.
+#[tokio::test]
+async fn calls_go_on_after_the_sessions_prepared_statements_are_dropped() {
+    let (_db, client) = setup().await;
+    let round = |reset: &'static str| {
+        let client = &client;
+        async move {
+            let key = format!("key {reset}");
+            assert!(
+                one::<bool>(client, &format!("SELECT inbox_claim('seen', '{key}')")).await,
+                "{reset}"
+            );
+            client
+                .batch_execute("SELECT inbox_enqueue('jobs', '{}'::jsonb)")
+                .await
+                .unwrap_or_else(|e| panic!("enqueue after {reset}: {e}"));
+            let acked = count(
+                client,
+                "SELECT count(*) FILTER (WHERE inbox_ack('jobs', id, token)) \
+                   FROM inbox_lease('jobs', 10, '30 seconds')",
+            )
+            .await;
+            assert_eq!(acked, 1, "after {reset}");
+        }
+    };
+    round("nothing").await;
+    for reset in ["DEALLOCATE ALL", "DISCARD ALL"] {
+        client.batch_execute(reset).await.unwrap();
+        round(reset).await;
+        // Twice: the statements prepared again are found again.
+        client
+            .batch_execute("SELECT inbox_enqueue('jobs', '{}'::jsonb)")
+            .await
+            .unwrap();
+        assert_eq!(
+            count(
+                &client,
+                "SELECT count(*) FILTER (WHERE inbox_ack('jobs', id, token)) \
+                   FROM inbox_lease('jobs', 10, '30 seconds')"
+            )
+            .await,
+            1,
+            "{reset}, again"
+        );
+    }
+    assert_eq!(count(&client, "SELECT count(*) FROM jobs").await, 0);
+}
+
+/// `inbox.notify` takes PostgreSQL's boolean spellings on both builds, and a misspelt value is
+/// refused with `22023`, where the pgrx build checks it (`SET`) or where the SQL-only build reads
+/// it (the enqueue, which then writes nothing).
+#[tokio::test]
+async fn a_misspelt_notify_setting_is_refused() {
+    let (db, client) = setup().await;
+    for spelling in ["off", "of", "false", "0", "no", "on", "yes", "1", "tru"] {
+        client
+            .batch_execute(&format!(
+                "SET inbox.notify = '{spelling}'; SELECT inbox_enqueue('jobs', '{{}}'::jsonb)"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("inbox.notify = {spelling}: {e}"));
+    }
+    let misspelt = if db.sql_only().await {
+        client
+            .batch_execute("SET inbox.notify = 'offf'")
+            .await
+            .unwrap();
+        "SELECT inbox_enqueue('jobs', '{}'::jsonb)"
+    } else {
+        "SET inbox.notify = 'offf'"
+    };
+    let (code, message) = failure(&client, misspelt).await;
+    assert_eq!(code, SqlState::INVALID_PARAMETER_VALUE, "{message}");
+    assert!(message.contains("inbox.notify"), "{message}");
+    assert_eq!(count(&client, "SELECT count(*) FROM jobs").await, 9);
+}
