@@ -285,6 +285,18 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         shared.counters.add(&tally);
         return Finished::Ack(job.id, job.token);
     }
+    // Boxed: the settlement's futures are large, and every delivery in flight would carry them
+    // (2,000 deliveries of 2.5 KB each, allocated and freed per batch).
+    Box::pin(settle(shared, job, outcome, tally)).await
+}
+
+/// Settles a delivery that was not acked (retried or dead-lettered) on a pooled connection.
+async fn settle(
+    shared: &Shared,
+    job: Taken,
+    outcome: Outcome,
+    mut tally: WorkerStats,
+) -> Finished {
     let settled = async {
         let client = shared.db.pool().get().await?;
         super::settle_failure(shared, &client, &job, outcome, &mut tally).await
