@@ -88,6 +88,10 @@ pub use job::{
 };
 pub use policy::RetryPolicy;
 
+/// How long a delivery slot (or plain fetcher) that just ran out of work waits before it looks
+/// again, before it registers as asleep; see `Shared::idle`.
+const DOZE: Duration = Duration::from_millis(2);
+
 /// The largest group a transactional worker with adaptive groups (the default) commits at once.
 pub const ADAPTIVE_GROUP_MAX: usize = 64;
 
@@ -271,12 +275,23 @@ impl Shared {
         }
     }
 
-    /// Sleeps until woken, the poll interval passes, or the worker stops.
-    async fn idle(&self) {
-        self.idle_slot.notify_one();
+    /// After a take that found nothing: the first time since the slot last found work, a short
+    /// doze ([`DOZE`]) before it looks again, without registering as asleep; after that, sleeps
+    /// registered (enqueues notify it) until woken, the poll interval passes, or the worker
+    /// stops. The doze keeps a worker that keeps up with its producers from registering in every
+    /// moment its queue is empty: each registration makes the next enqueue notify, and
+    /// notifying enqueues serialise their commits on `NOTIFY`'s lock (figure 10). A job enqueued
+    /// during the doze waits for its end, a few milliseconds.
+    async fn idle(&self, dozed: bool) {
+        let wait = if dozed {
+            self.idle_slot.notify_one();
+            self.settings.poll_interval
+        } else {
+            DOZE.min(self.settings.poll_interval)
+        };
         tokio::select! {
             _ = self.wake.notified() => {}
-            _ = tokio::time::sleep(self.settings.poll_interval) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = self.stop.cancelled() => {}
         }
     }

@@ -80,8 +80,10 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
     let mut running = 0_usize;
     let mut next = Gathered::default();
     let mut client = None;
-    // Whether the last lease found nothing.
+    // Whether the last lease found nothing, and whether the fetcher has dozed since it last
+    // found work (`Shared::idle`).
     let mut dry = false;
+    let mut dozed = false;
     loop {
         let mut stopping = shared.stop.is_cancelled();
         loop {
@@ -128,7 +130,10 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
                         next.room += 1;
                     }
                 }
-                _ = shared.idle(), if dry && !stopping => dry = false,
+                _ = shared.idle(dozed), if dry && !stopping => {
+                    dry = false;
+                    dozed = true;
+                }
                 _ = shared.stop.cancelled(), if !stopping => {}
             }
             stopping = shared.stop.is_cancelled();
@@ -159,6 +164,9 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
                 // Room not used goes back for the other fetchers.
                 room.add_permits(call.room - jobs.len());
                 dry = jobs.is_empty() && call.room > 0;
+                if !jobs.is_empty() {
+                    dozed = false;
+                }
                 shared.hold(jobs.iter().map(|job| (job.id, job.token)));
                 // One task per batch runs its handlers concurrently, each reported as it ends.
                 if !jobs.is_empty() {

@@ -62,6 +62,8 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
     let mut size = GroupSize::new(&shared.settings);
     // Jobs taken for the next group, held by a committed lease or by the open transaction's locks.
     let mut next: Vec<Taken> = Vec::new();
+    // Whether the slot has dozed since it last found work (`Shared::idle`).
+    let mut dozed = false;
     while !(next.is_empty() && shared.stop.is_cancelled()) {
         let mut conn = match connection.take() {
             Some(conn) => conn,
@@ -77,10 +79,14 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
             match take_first(&shared, &mut conn, size.current).await {
                 Ok(jobs) if jobs.is_empty() => {
                     connection = Some(conn);
-                    shared.idle().await;
+                    shared.idle(dozed).await;
+                    dozed = true;
                     continue;
                 }
-                Ok(jobs) => jobs,
+                Ok(jobs) => {
+                    dozed = false;
+                    jobs
+                }
                 Err(error) => {
                     connection = recover_connection(conn, &error).await;
                     shared.back_off(&error).await;
