@@ -1,5 +1,6 @@
 //! The worker's idle side: its LISTEN session registers as asleep on the queue when a delivery
-//! slot found nothing to do, so that enqueues wake it with `NOTIFY`, and unregisters once woken,
+//! slot found nothing to do (twice: it dozes first, `Shared::idle`) and no take of the worker has
+//! found work for a doze, so that enqueues wake it with `NOTIFY`; and it unregisters once woken,
 //! so that enqueues into a busy queue notify no one (see `inbox_sleep` in `docs/sql-api.md`).
 //!
 //! No wake-up is lost: a slot that found nothing asks for the registration before it sleeps, and
@@ -95,10 +96,31 @@ async fn serve(
             },
             _ = shared.idle_slot.notified() => {
                 if !asleep {
+                    if !quiet(shared).await {
+                        return Ok(());
+                    }
                     asleep = sleep(shared, client).await?;
                 }
             }
             _ = shared.stop.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// Waits until no take of the worker has found work for a doze (`false`: the worker stops).
+/// While some slot still finds work, the worker is not asleep: that slot looks again when it is
+/// done, and registering would only make every enqueue of the moment notify (each notifying
+/// commit queues on `NOTIFY`'s lock). A job enqueued meanwhile is found when the registration
+/// looks at the queue.
+async fn quiet(shared: &Shared) -> bool {
+    loop {
+        let quiet = shared.quiet_for();
+        if quiet >= super::DOZE {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(super::DOZE - quiet) => {}
+            _ = shared.stop.cancelled() => return false,
         }
     }
 }

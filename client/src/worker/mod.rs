@@ -89,7 +89,8 @@ pub use job::{
 pub use policy::RetryPolicy;
 
 /// How long a delivery slot (or plain fetcher) that just ran out of work waits before it looks
-/// again, before it registers as asleep; see `Shared::idle`.
+/// again, before it registers as asleep (`Shared::idle`); and how long no take may have found
+/// work before the worker registers as asleep (`listen.rs`).
 const DOZE: Duration = Duration::from_millis(2);
 
 /// The largest group a transactional worker with adaptive groups (the default) commits at once.
@@ -216,6 +217,10 @@ struct Shared {
     /// Leased jobs being worked on (id → token): what the heartbeat extends, and what a
     /// shutdown releases if their handlers had to be abandoned.
     in_flight: Mutex<HashMap<i64, i64>>,
+    /// When a take last found work, in nanoseconds since `began`: the LISTEN session registers
+    /// as asleep only once no take has found any for a doze (`listen.rs`).
+    last_found: AtomicU64,
+    began: std::time::Instant,
     /// Locked jobs whose delivery failed, by id, until their settlement commits (the delivery's
     /// writes were rolled back, or its settlement is in a transaction that a replay may still
     /// roll back): a slot that takes one in the moment its lock is released settles it as it
@@ -273,6 +278,18 @@ impl Shared {
                 failures.remove(&id);
             }
         }
+    }
+
+    /// Records that a take found work (see `last_found`).
+    fn found_work(&self) {
+        let now = u64::try_from(self.began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_found.store(now, Ordering::Relaxed);
+    }
+
+    /// How long no take has found work.
+    fn quiet_for(&self) -> Duration {
+        let last = Duration::from_nanos(self.last_found.load(Ordering::Relaxed));
+        self.began.elapsed().saturating_sub(last)
     }
 
     /// After a take that found nothing: the first time since the slot last found work, a short
@@ -506,6 +523,8 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             stop: CancellationToken::new(),
             in_flight: Mutex::new(HashMap::new()),
             lock_failures: Mutex::new(HashMap::new()),
+            last_found: AtomicU64::new(0),
+            began: std::time::Instant::now(),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(listen::run(shared.clone()));

@@ -166,6 +166,11 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
                 dry = jobs.is_empty() && call.room > 0;
                 if !jobs.is_empty() {
                     dozed = false;
+                    shared.found_work();
+                }
+                // A full lease: there may be more, for a fetcher that is idle.
+                if call.room > 0 && jobs.len() == call.room {
+                    shared.wake.notify_one();
                 }
                 shared.hold(jobs.iter().map(|job| (job.id, job.token)));
                 // One task per batch runs its handlers concurrently, each reported as it ends.
@@ -299,12 +304,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
 }
 
 /// Settles a delivery that was not acked (retried or dead-lettered) on a pooled connection.
-async fn settle(
-    shared: &Shared,
-    job: Taken,
-    outcome: Outcome,
-    mut tally: WorkerStats,
-) -> Finished {
+async fn settle(shared: &Shared, job: Taken, outcome: Outcome, mut tally: WorkerStats) -> Finished {
     let settled = async {
         let client = shared.db.pool().get().await?;
         super::settle_failure(shared, &client, &job, outcome, &mut tally).await

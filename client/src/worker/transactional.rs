@@ -85,6 +85,7 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
                 }
                 Ok(jobs) => {
                     dozed = false;
+                    shared.found_work();
                     jobs
                 }
                 Err(error) => {
@@ -783,6 +784,9 @@ impl Group {
         }
         let next = next?;
         hold_leased(shared, &next);
+        if !next.is_empty() {
+            shared.found_work();
+        }
         if next.is_empty() && conn.in_transaction {
             within(bound, conn.client().batch_execute(sql::ROLLBACK)).await??;
             conn.in_transaction = false;
