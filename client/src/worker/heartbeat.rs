@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use deadpool_postgres::Object;
+
 use super::{calls, Shared};
+use crate::error::{within, ErrorKind};
 
 /// `55P03 lock_not_available`: the heartbeat's lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -56,8 +59,27 @@ pub(super) async fn run(shared: Arc<Shared>) {
         // extension is skipped rather than waited for (each extension waits for its row lock for
         // a moment only), so the other jobs are extended in time.
         let statements = shared.db.statement_mode();
+        let mut client = Some(client);
         for job in held {
-            match calls::extend(&client, statements, &shared.queue, job, lease).await {
+            let Some(conn) = client.as_ref() else { break };
+            // Bounded like every round trip: on a connection that went silent the heartbeat
+            // would stop for good, and every lease with it.
+            let extended = within(
+                shared.round_trip_bound(),
+                calls::extend(conn, statements, &shared.queue, job, lease),
+            )
+            .await
+            .unwrap_or_else(Err);
+            if extended
+                .as_ref()
+                .is_err_and(|error| error.kind() == ErrorKind::ConnectionLost)
+            {
+                // Closed, never pooled again; the next tick takes another connection.
+                if let Some(lost) = client.take() {
+                    drop(Object::take(lost));
+                }
+            }
+            match extended {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::debug!(queue = %shared.queue, id = job.0, "lease already settled or lost")

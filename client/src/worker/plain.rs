@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use deadpool_postgres::Object;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, Semaphore};
@@ -16,7 +17,7 @@ use tracing::Instrument;
 
 use super::calls::{self, Taken};
 use super::{run_handler, Handler, Job, Outcome, Shared, WorkerStats};
-use crate::error::DbError;
+use crate::error::{within, DbError, ErrorKind};
 use crate::sql;
 
 /// The most fetchers a plain worker runs.
@@ -155,7 +156,14 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
             },
         };
         let call = std::mem::take(&mut next);
-        match ack_and_lease(&shared, &conn, &call.done, call.room).await {
+        // Bounded like every round trip: a connection gone silent would hang the fetcher.
+        let answered = within(
+            shared.round_trip_bound(),
+            ack_and_lease(&shared, &conn, &call.done, call.room),
+        )
+        .await
+        .unwrap_or_else(Err);
+        match answered {
             Ok((acked, jobs)) => {
                 client = Some(conn);
                 if let Some(acked) = acked {
@@ -207,6 +215,10 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
                     shared.release(call.done.iter().map(|&(id, _)| id));
                 }
                 room.add_permits(call.room);
+                if error.kind() == ErrorKind::ConnectionLost {
+                    // Closed, never pooled again.
+                    drop(Object::take(conn));
+                }
                 shared.back_off(&error).await;
             }
         }

@@ -89,7 +89,7 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
                     jobs
                 }
                 Err(error) => {
-                    connection = recover_connection(conn, &error).await;
+                    connection = recover_connection(&shared, conn, &error).await;
                     shared.back_off(&error).await;
                     continue;
                 }
@@ -116,28 +116,46 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
                     shared.forget_lock_failure(id, token);
                 }
                 shared.release(held.into_iter().map(|(id, _)| id));
-                connection = recover_connection(conn, &error).await;
+                connection = recover_connection(&shared, conn, &error).await;
                 shared.back_off(&error).await;
             }
         }
     }
     if let Some(mut conn) = connection {
-        if conn.in_transaction && conn.client().batch_execute(sql::ROLLBACK).await.is_ok() {
-            conn.in_transaction = false;
+        if conn.in_transaction {
+            let rollback = within(
+                shared.round_trip_bound(),
+                conn.client().batch_execute(sql::ROLLBACK),
+            )
+            .await;
+            // Otherwise the connection is dropped in its transaction, and so closed.
+            conn.in_transaction = !matches!(rollback, Ok(Ok(())));
         }
     }
 }
 
 /// After an error, the connection rolled back for reuse, or `None` when it is in doubt (dropped
 /// in a transaction, it is closed, and the pool replaces it).
-async fn recover_connection(mut conn: SlotConnection, error: &DbError) -> Option<SlotConnection> {
+async fn recover_connection(
+    shared: &Shared,
+    mut conn: SlotConnection,
+    error: &DbError,
+) -> Option<SlotConnection> {
     if error.kind() == ErrorKind::ConnectionLost {
         // Lost, or silent (no answer within the round-trip bound): closed, never pooled again.
         conn.in_transaction = true;
         return None;
     }
-    let rolled_back =
-        !conn.in_transaction || conn.client().batch_execute(sql::ROLLBACK).await.is_ok();
+    // Bounded: on a connection that went silent the slot would hang here for good.
+    let rolled_back = !conn.in_transaction
+        || matches!(
+            within(
+                shared.round_trip_bound(),
+                conn.client().batch_execute(sql::ROLLBACK)
+            )
+            .await,
+            Ok(Ok(()))
+        );
     rolled_back.then(|| {
         conn.in_transaction = false;
         conn
@@ -167,11 +185,25 @@ async fn open(shared: &Shared) -> Result<SlotConnection, DbError> {
     let settings = &shared.settings;
     let take = take_sql(shared);
     let prepared = match shared.db.statement_mode() {
-        StatementMode::Prepared => Prepared {
-            take: Some(client.prepare_cached(take).await?),
-            ack_all: Some(client.prepare_cached(sql::QUEUE_ACK_ALL).await?),
-            fence: Some(client.prepare_cached(sql::QUEUE_FENCE).await?),
-        },
+        StatementMode::Prepared => {
+            // Bounded like every round trip: a pooled connection that went silent while it sat
+            // in the pool would otherwise hang the slot here for good.
+            let prepares = async {
+                Ok::<_, tokio_postgres::Error>(Prepared {
+                    take: Some(client.prepare_cached(take).await?),
+                    ack_all: Some(client.prepare_cached(sql::QUEUE_ACK_ALL).await?),
+                    fence: Some(client.prepare_cached(sql::QUEUE_FENCE).await?),
+                })
+            };
+            match within(shared.round_trip_bound(), prepares).await {
+                Ok(prepared) => prepared?,
+                Err(lost) => {
+                    // Closed, never pooled again.
+                    drop(Object::take(client));
+                    return Err(lost);
+                }
+            }
+        }
         StatementMode::Unnamed => Prepared {
             take: None,
             ack_all: None,
