@@ -70,12 +70,25 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let bound = lease + timeout * 2 + Duration::from_secs(15);
     let drained = common::wait_drained(&admin, "jobs", bound).await?;
     let done_after = done().await?;
+    // What is left, and why: leased (and until when), delayed by a retry, or ready.
+    let left: Vec<String> = admin
+        .query(
+            "SELECT format('job %s: attempt %s, locked for %s s more, leased %s, error %s', \
+                    id, attempt, round(extract(epoch FROM locked_until - now())::numeric, 1), \
+                    leased_at IS NOT NULL, coalesce(last_error, 'none')) \
+               FROM jobs WHERE locked_until < 'infinity' ORDER BY id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     row.check(drained, || {
         format!(
             "{} s after freezing {frozen} connections the queue had not drained: {done_at_freeze} \
-             jobs done at the freeze, {done_after} after (the worker has no timeout of its own \
-             on a connection that stops answering)",
-            bound.as_secs()
+             jobs done at the freeze, {done_after} after; left: {}",
+            bound.as_secs(),
+            left.join("; ")
         )
     });
     let drain_time = frozen_at.elapsed();
