@@ -6,7 +6,7 @@ use std::time::Duration;
 use deadpool_postgres::Object;
 
 use super::{calls, Shared};
-use crate::error::{within, ErrorKind};
+use crate::error::ErrorKind;
 
 /// `55P03 lock_not_available`: the heartbeat's lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -64,12 +64,9 @@ pub(super) async fn run(shared: Arc<Shared>) {
             let Some(conn) = client.as_ref() else { break };
             // Bounded like every round trip: on a connection that went silent the heartbeat
             // would stop for good, and every lease with it.
-            let extended = within(
-                shared.round_trip_bound(),
-                calls::extend(conn, statements, &shared.queue, job, lease),
-            )
-            .await
-            .unwrap_or_else(Err);
+            let extended = shared
+                .bounded(calls::extend(conn, statements, &shared.queue, job, lease))
+                .await;
             if extended
                 .as_ref()
                 .is_err_and(|error| error.kind() == ErrorKind::ConnectionLost)

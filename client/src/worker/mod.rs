@@ -313,7 +313,6 @@ impl Shared {
         }
     }
 
-    /// Pauses after an error, so a database that is down is not hammered.
     /// How long the worker waits for an answer to one round trip: its statement timeout and a
     /// margin, past which the server would have answered with an error (`None` when statements
     /// are not bounded). Beyond it the connection is taken as lost: one that went silent without
@@ -323,6 +322,18 @@ impl Shared {
         (!timeout.is_zero()).then(|| timeout + ROUND_TRIP_MARGIN)
     }
 
+    /// Runs a call of the worker within the round-trip bound; past it, the call fails with
+    /// `ErrorKind::ConnectionLost` (and its connection must be closed, not pooled again).
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, DbError>>,
+    ) -> Result<T, DbError> {
+        crate::error::within(self.round_trip_bound(), call)
+            .await
+            .unwrap_or_else(Err)
+    }
+
+    /// Pauses after an error, so a database that is down is not hammered.
     async fn back_off(&self, error: &DbError) {
         tracing::warn!(queue = %self.queue, %error, "worker error; retrying shortly");
         tokio::select! {

@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use super::calls::{self, Taken};
 use super::{run_handler, Handler, Job, Outcome, Shared, WorkerStats};
-use crate::error::{within, DbError, ErrorKind};
+use crate::error::{DbError, ErrorKind};
 use crate::sql;
 
 /// The most fetchers a plain worker runs.
@@ -157,12 +157,9 @@ async fn fetch<T: DeserializeOwned + Send + 'static>(
         };
         let call = std::mem::take(&mut next);
         // Bounded like every round trip: a connection gone silent would hang the fetcher.
-        let answered = within(
-            shared.round_trip_bound(),
-            ack_and_lease(&shared, &conn, &call.done, call.room),
-        )
-        .await
-        .unwrap_or_else(Err);
+        let answered = shared
+            .bounded(ack_and_lease(&shared, &conn, &call.done, call.room))
+            .await;
         match answered {
             Ok((acked, jobs)) => {
                 client = Some(conn);
@@ -319,7 +316,19 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
 async fn settle(shared: &Shared, job: Taken, outcome: Outcome, mut tally: WorkerStats) -> Finished {
     let settled = async {
         let client = shared.db.pool().get().await?;
-        super::settle_failure(shared, &client, &job, outcome, &mut tally).await
+        // Bounded like every round trip; a connection past the bound is closed.
+        let settled = shared
+            .bounded(super::settle_failure(
+                shared, &client, &job, outcome, &mut tally,
+            ))
+            .await;
+        if settled
+            .as_ref()
+            .is_err_and(|error| error.kind() == ErrorKind::ConnectionLost)
+        {
+            drop(Object::take(client));
+        }
+        settled
     }
     .await;
     match settled {
