@@ -67,7 +67,6 @@ CREATE OR REPLACE FUNCTION "inbox_ack"(
 	"token" bigint /* Option < i64 > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_ack_wrapper';
 
@@ -77,7 +76,6 @@ CREATE OR REPLACE FUNCTION "inbox_ack_all"(
 	"tokens" bigint[] /* Option < BigintArray > */
 ) RETURNS bigint /* i64 */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_ack_all_wrapper';
 
@@ -87,7 +85,6 @@ CREATE OR REPLACE FUNCTION "inbox_ack_batch"(
 	"tokens" bigint[] /* Option < BigintArray > */
 ) RETURNS bigint /* i64 */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_ack_batch_wrapper';
 
@@ -105,7 +102,6 @@ CREATE OR REPLACE FUNCTION "inbox_claim"(
 	"seen_at" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_claim_wrapper';
 
@@ -115,7 +111,6 @@ CREATE OR REPLACE FUNCTION "inbox_claim_or_fail"(
 	"seen_at" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
 ) RETURNS void
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_claim_or_fail_wrapper';
 
@@ -140,7 +135,6 @@ CREATE OR REPLACE FUNCTION "inbox_dead"(
 	"reason" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_dead_wrapper';
 
@@ -178,7 +172,6 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue"(
 	"group_key" TEXT DEFAULT NULL /* Option < String > */
 ) RETURNS bigint /* Option < i64 > */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_enqueue_wrapper';
 
@@ -191,7 +184,6 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue_batch"(
 	"group_keys" text[] DEFAULT NULL /* Option < TextArray > */
 ) RETURNS SETOF bigint /* i64 */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_enqueue_batch_wrapper';
 
@@ -204,7 +196,6 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue_batch_bytes"(
 	"group_keys" text[] DEFAULT NULL /* Option < TextArray > */
 ) RETURNS SETOF bigint /* i64 */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_enqueue_batch_bytes_wrapper';
 
@@ -217,7 +208,6 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue_bytes"(
 	"group_key" TEXT DEFAULT NULL /* Option < String > */
 ) RETURNS bigint /* Option < i64 > */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_enqueue_bytes_wrapper';
 
@@ -228,7 +218,6 @@ CREATE OR REPLACE FUNCTION "inbox_extend"(
 	"lease" interval DEFAULT '30 seconds' /* Option < Interval > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_extend_wrapper';
 
@@ -238,12 +227,8 @@ CREATE OR REPLACE FUNCTION "inbox_fence"(
 	"tokens" bigint[] /* Option < BigintArray > */
 ) RETURNS SETOF bigint /* i64 */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_fence_wrapper';
-
-ALTER FUNCTION inbox_ack_all(regclass, bigint[], bigint[]) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION inbox_fence(regclass, bigint[], bigint[]) SET plan_cache_mode = force_generic_plan;
 
 CREATE OR REPLACE FUNCTION "inbox_jobs"(
 	"queue" regclass, /* Option < RegClass > */
@@ -275,7 +260,6 @@ CREATE OR REPLACE FUNCTION "inbox_lease"(
 	"payload_bytes" bytea  /* Option < Bytea > */
 )
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_lease_wrapper';
 
@@ -290,7 +274,6 @@ CREATE OR REPLACE FUNCTION "inbox_lock"(
 	"payload_bytes" bytea  /* Option < Bytea > */
 )
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_lock_wrapper';
 
@@ -368,7 +351,6 @@ CREATE OR REPLACE FUNCTION "inbox_retry"(
 	"max_attempts" INT DEFAULT NULL /* Option < i32 > */
 ) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_retry_wrapper';
 
@@ -403,7 +385,6 @@ CREATE OR REPLACE FUNCTION "inbox_seen"(
 	"key" text /* Option < Text > */
 ) RETURNS bool /* bool */
 STABLE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_seen_wrapper';
 
@@ -469,6 +450,3 @@ CREATE FUNCTION inbox_periodic_jobs_changed() RETURNS trigger LANGUAGE c
 CREATE TRIGGER inbox_periodic_jobs_changed AFTER INSERT OR UPDATE OF queue ON inbox_periodic_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION inbox_periodic_jobs_changed();
 ALTER TABLE inbox_periodic_jobs ENABLE ALWAYS TRIGGER inbox_periodic_jobs_changed;
-
-ALTER FUNCTION inbox_lease(regclass, integer, interval) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION inbox_lock(regclass, integer) SET plan_cache_mode = force_generic_plan;

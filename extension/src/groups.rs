@@ -9,7 +9,7 @@
 //! advisory lock on (queue, hash of the key), held until commit (and the queue's own lock held
 //! shared, or for an operation on many groups exclusively, in their place); the statements that decide
 //! whether a new job waits, and which job is promoted, read the latest committed state (see
-//! [`plans::LatestPlan`]), so that a `REPEATABLE READ` transaction whose snapshot predates the
+//! [`plans::RawPlan`]), so that a `REPEATABLE READ` transaction whose snapshot predates the
 //! previous holder's commit neither leaves a job waiting behind a head that is gone nor starts a
 //! second head.
 
@@ -76,7 +76,7 @@ pub(crate) fn keys_of(array: pg_sys::Datum) -> Vec<String> {
 /// caller holds the group's lock.
 pub(crate) fn busy(client: &SpiClient<'_>, queue: Oid, group: &str) -> bool {
     let plan = plans::latest_plan(client, queue, Op::GroupBusy, statements::group_busy);
-    plan.run(&[group.into()]);
+    plan.run_latest(&[group.into()]);
     // SAFETY: the statement returned one row of one boolean; SPI is connected.
     unsafe { crate::datum::spi_result_datum(0, 1) }.is_some_and(|datum| datum.value() != 0)
 }
@@ -85,7 +85,7 @@ pub(crate) fn busy(client: &SpiClient<'_>, queue: Oid, group: &str) -> bool {
 /// caller holds the groups' locks.
 pub(crate) fn promote(client: &SpiClient<'_>, queue: Oid, groups: DatumWithOid<'_>) {
     let plan = plans::latest_plan(client, queue, Op::Promote, statements::promote);
-    plan.run(&[groups, crate::queue::clock_now()]);
+    plan.run_latest(&[groups, crate::queue::clock_now()]);
 }
 
 /// After a settlement or requeue changed the heads of `groups`: locks them and promotes the
@@ -99,7 +99,7 @@ pub(crate) fn settled(client: &mut SpiClient<'_>, queue: Oid, mut groups: Vec<St
         // One group (a settlement): the simpler statement.
         [group] => {
             let plan = plans::latest_plan(client, queue, Op::PromoteOne, statements::promote_one);
-            plan.run(&[group.as_str().into(), crate::queue::clock_now()]);
+            plan.run_latest(&[group.as_str().into(), crate::queue::clock_now()]);
         }
         _ => promote(client, queue, DatumWithOid::from(groups)),
     }

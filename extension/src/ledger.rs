@@ -22,7 +22,6 @@ fn inbox_create_ledger(name: Option<&str>) -> RegClass {
 
 /// Records `key` in `ledger`: true the first time, false for any later or concurrent duplicate.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_claim(
     ledger: Option<RegClass>,
     key: Option<Text>,
@@ -34,7 +33,6 @@ fn inbox_claim(
 /// Like `inbox_claim`, but a key already claimed raises `23505 unique_violation`, failing the
 /// caller's transaction: the form for the first statement of an all-or-nothing batch.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_claim_or_fail(
     ledger: Option<RegClass>,
     key: Option<Text>,
@@ -67,7 +65,6 @@ fn claim(
 
 /// Whether `key` is recorded in `ledger`, as the caller's snapshot sees it.
 #[pg_extern(stable, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_seen(ledger: Option<RegClass>, key: Option<Text>) -> bool {
     let ledger = required(ledger, "ledger").0;
     let key = required(key, "key");

@@ -59,7 +59,7 @@ struct Cache {
     ledgers: HashMap<Oid, Rc<LedgerShape>>,
     queues: HashMap<Oid, Rc<QueueShape>>,
     plans: HashMap<(Oid, Op), Rc<OwnedPreparedStatement>>,
-    latest: HashMap<(Oid, Op), Rc<LatestPlan>>,
+    raw: HashMap<(Oid, Op), Rc<RawPlan>>,
 }
 
 impl Cache {
@@ -70,13 +70,13 @@ impl Cache {
                     self.ledgers.clear();
                     self.queues.clear();
                     self.plans.clear();
-                    self.latest.clear();
+                    self.raw.clear();
                 }
                 Stale::Table(oid) => {
                     self.ledgers.remove(&oid);
                     self.queues.remove(&oid);
                     self.plans.retain(|(table, _), _| *table != oid);
-                    self.latest.retain(|(table, _), _| *table != oid);
+                    self.raw.retain(|(table, _), _| *table != oid);
                 }
             }
         }
@@ -197,16 +197,22 @@ pub(crate) fn queue_plan(
     plan(client, oid, op, || build(&queue(client, oid)))
 }
 
-/// A statement that reads the latest committed state of the table even in a `REPEATABLE READ`
-/// or `SERIALIZABLE` transaction, whose own snapshot may predate it: the bookkeeping of ordered
-/// groups, run under the group's lock, must see what the transactions that held the lock before
-/// committed (as `REFERENCES` checks do). Under `READ COMMITTED` every statement sees that anyway.
+/// A statement prepared through SPI directly, for the two things pgrx's prepared statements
+/// cannot do: keep to the generic plan, and run on the latest committed state.
 ///
-/// pgrx's prepared statements cannot be run with a snapshot of one's own, so this one is
-/// prepared and run through SPI directly.
-pub(crate) struct LatestPlan(std::ptr::NonNull<pg_sys::_SPI_plan>);
+/// The generic plan: locks take `LIMIT $1` jobs, leases and the array settlements find `$1` ids
+/// by primary key; left to choose, the plan cache plans them again on every call (a generic
+/// plan's guess at the limit or the arrays' length looks costly; planning was a third of the
+/// call's time, measured), while the generic plan, an index scan, is the right one. A `SET plan_cache_mode` clause on the function
+/// would cost a GUC save and restore per call; the cursor option asks for the same per statement.
+///
+/// The latest committed state: the bookkeeping of ordered groups, run under the group's lock,
+/// must see what the transactions that held the lock before committed (as `REFERENCES` checks
+/// do), even in a `REPEATABLE READ` or `SERIALIZABLE` transaction whose own snapshot may predate
+/// it. Under `READ COMMITTED` every statement sees that anyway.
+pub(crate) struct RawPlan(std::ptr::NonNull<pg_sys::_SPI_plan>);
 
-impl Drop for LatestPlan {
+impl Drop for RawPlan {
     fn drop(&mut self) {
         // SAFETY: the plan was kept by SPI_keepplan and is freed once, here.
         unsafe {
@@ -215,15 +221,31 @@ impl Drop for LatestPlan {
     }
 }
 
-impl LatestPlan {
-    fn prepare(op: Op, sql: Sql) -> LatestPlan {
+/// The datums and null flags of `args`, as SPI takes them.
+fn spi_args(args: &[pgrx::datum::DatumWithOid<'_>]) -> (Vec<pg_sys::Datum>, Vec<std::ffi::c_char>) {
+    args.iter()
+        .map(|arg| match arg.datum() {
+            Some(datum) => (datum.sans_lifetime(), b' ' as std::ffi::c_char),
+            None => (pg_sys::Datum::from(0usize), b'n' as std::ffi::c_char),
+        })
+        .unzip()
+}
+
+impl RawPlan {
+    fn prepare(op: Op, sql: Sql, cursor_options: u32) -> RawPlan {
         let text = std::ffi::CString::new(sql.text).expect("SQL without NUL bytes");
         let mut args = sql.args;
         // SAFETY: the text and the argument types outlive the call; SPI is connected.
-        let plan =
-            unsafe { pg_sys::SPI_prepare(text.as_ptr(), args.len() as i32, args.as_mut_ptr()) };
+        let plan = unsafe {
+            pg_sys::SPI_prepare_cursor(
+                text.as_ptr(),
+                args.len() as i32,
+                args.as_mut_ptr(),
+                cursor_options as i32,
+            )
+        };
         let Some(plan) = std::ptr::NonNull::new(plan) else {
-            // SAFETY: SPI_result is set by the failed SPI_prepare.
+            // SAFETY: SPI_result is set by the failed SPI_prepare_cursor.
             let code = unsafe { pg_sys::SPI_result };
             raise(
                 ERRCODE_INTERNAL_ERROR,
@@ -232,36 +254,40 @@ impl LatestPlan {
         };
         // SAFETY: a plan just prepared, kept once.
         unsafe { pg_sys::SPI_keepplan(plan.as_ptr()) };
-        LatestPlan(plan)
+        RawPlan(plan)
     }
 
-    /// Runs the statement on the latest committed state; returns how many rows it processed,
-    /// whose values (if it returns any) are in `SPI_tuptable` until the next statement.
+    /// Runs the statement; returns how many rows it processed, whose values (if it returns any)
+    /// are in `SPI_tuptable` until the next statement.
     pub fn run(&self, args: &[pgrx::datum::DatumWithOid<'_>]) -> usize {
-        let mut values: Vec<pg_sys::Datum> = Vec::with_capacity(args.len());
-        let mut nulls: Vec<std::ffi::c_char> = Vec::with_capacity(args.len());
-        for arg in args {
-            match arg.datum() {
-                Some(datum) => {
-                    values.push(datum.sans_lifetime());
-                    nulls.push(b' ' as std::ffi::c_char);
-                }
-                None => {
-                    values.push(pg_sys::Datum::from(0usize));
-                    nulls.push(b'n' as std::ffi::c_char);
-                }
-            }
-        }
+        let (mut values, nulls) = spi_args(args);
         // SAFETY: SPI is connected (the caller holds a client), the plan is kept, and the
-        // values match its argument types. The latest snapshot is copied by SPI when pushed.
-        unsafe {
+        // values match its argument types.
+        let status = unsafe {
+            pg_sys::SPI_tuptable = std::ptr::null_mut();
+            pg_sys::SPI_execute_plan(
+                self.0.as_ptr(),
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                false,
+                0,
+            )
+        };
+        processed(status)
+    }
+
+    /// Runs the statement on the latest committed state (see [`RawPlan`]), like [`RawPlan::run`].
+    pub fn run_latest(&self, args: &[pgrx::datum::DatumWithOid<'_>]) -> usize {
+        let (mut values, nulls) = spi_args(args);
+        // SAFETY: as in `run`. The latest snapshot is copied by SPI when pushed.
+        let status = unsafe {
             let snapshot = if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
                 pg_sys::GetLatestSnapshot()
             } else {
                 std::ptr::null_mut()
             };
             pg_sys::SPI_tuptable = std::ptr::null_mut();
-            let status = pg_sys::SPI_execute_snapshot(
+            pg_sys::SPI_execute_snapshot(
                 self.0.as_ptr(),
                 values.as_mut_ptr(),
                 nulls.as_ptr(),
@@ -270,31 +296,61 @@ impl LatestPlan {
                 false,
                 false,
                 0,
-            );
-            if status < 0 {
-                raise(ERRCODE_INTERNAL_ERROR, format!("SPI error {status}"));
-            }
-            pg_sys::SPI_processed as usize
-        }
+            )
+        };
+        processed(status)
     }
 }
 
-/// The statement `op` for queue `oid`, run on the latest committed state (see [`LatestPlan`]).
+/// The rows an SPI execution processed, or `XX000` for an SPI error code.
+fn processed(status: i32) -> usize {
+    if status < 0 {
+        raise(ERRCODE_INTERNAL_ERROR, format!("SPI error {status}"));
+    }
+    // SAFETY: set by the execution that just returned.
+    unsafe { pg_sys::SPI_processed as usize }
+}
+
+fn raw_plan(
+    client: &SpiClient<'_>,
+    oid: Oid,
+    op: Op,
+    build: fn(&QueueShape) -> Sql,
+    cursor_options: u32,
+) -> Rc<RawPlan> {
+    let cached = CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        cache.drop_stale();
+        cache.raw.get(&(oid, op)).cloned()
+    });
+    if let Some(plan) = cached {
+        return plan;
+    }
+    let plan = Rc::new(RawPlan::prepare(
+        op,
+        build(&queue(client, oid)),
+        cursor_options,
+    ));
+    CACHE.with(|cache| cache.borrow_mut().raw.insert((oid, op), plan.clone()));
+    plan
+}
+
+/// The statement `op` for queue `oid`, kept to its generic plan (see [`RawPlan`]).
+pub(crate) fn generic_plan(
+    client: &SpiClient<'_>,
+    oid: Oid,
+    op: Op,
+    build: fn(&QueueShape) -> Sql,
+) -> Rc<RawPlan> {
+    raw_plan(client, oid, op, build, pg_sys::CURSOR_OPT_GENERIC_PLAN)
+}
+
+/// The statement `op` for queue `oid`, to run with [`RawPlan::run_latest`].
 pub(crate) fn latest_plan(
     client: &SpiClient<'_>,
     oid: Oid,
     op: Op,
     build: fn(&QueueShape) -> Sql,
-) -> Rc<LatestPlan> {
-    let cached = CACHE.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        cache.drop_stale();
-        cache.latest.get(&(oid, op)).cloned()
-    });
-    if let Some(plan) = cached {
-        return plan;
-    }
-    let plan = Rc::new(LatestPlan::prepare(op, build(&queue(client, oid))));
-    CACHE.with(|cache| cache.borrow_mut().latest.insert((oid, op), plan.clone()));
-    plan
+) -> Rc<RawPlan> {
+    raw_plan(client, oid, op, build, 0)
 }

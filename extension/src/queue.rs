@@ -191,7 +191,6 @@ fn enqueue(
 
 /// Enqueues one `jsonb` job, due at `run_at`; returns its id, or NULL when `key` is already queued.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_enqueue(
     queue: Option<RegClass>,
     payload: Option<Jsonb>,
@@ -216,7 +215,6 @@ fn inbox_enqueue(
 /// `inbox_enqueue`, a call with an untyped payload (a literal, or a parameter from a driver that
 /// sends them untyped) would match both and fail as ambiguous.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_enqueue_bytes(
     queue: Option<RegClass>,
     payload: Option<Bytea>,
@@ -318,7 +316,6 @@ fn enqueue_batch(
 
 /// Enqueues many `jsonb` jobs in one statement; returns the ids inserted, in array order.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_enqueue_batch(
     queue: Option<RegClass>,
     payloads: Option<JsonbArray>,
@@ -343,7 +340,6 @@ fn inbox_enqueue_batch(
 
 /// Enqueues many `bytea` jobs in one statement; as the `jsonb` form (named apart, as above).
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_enqueue_batch_bytes(
     queue: Option<RegClass>,
     payloads: Option<ByteaArray>,
@@ -380,27 +376,24 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
     Spi::connect_mut(|client| {
         crate::schedule::enqueue_due_ticks(client, queue);
         let shape = plans::queue(client, queue);
-        let plan = plans::queue_plan(client, queue, Op::Lock, statements::take);
+        let plan = plans::generic_plan(client, queue, Op::Lock, statements::take);
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        let run = |client: &mut SpiClient<'_>, (rank, due, id): crate::head::Floor| {
+        let run = |(rank, due, id): crate::head::Floor| {
             // SAFETY: timestamptz values are int64s passed by value.
             let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
             let mut args = vec![max.into(), timestamptz(now)];
             if !shape.nullable_locked_until {
                 args.extend([rank.into(), timestamptz(due), id.into()]);
             }
-            client
-                .update(&*plan, None, &args)
-                .unwrap_or_else(|e| internal(e))
-                .len()
+            plan.run(&args)
         };
         // Past the dead entries at the head of the index, unless that finds nothing (`head`).
         let mut floor = crate::head::floor(queue, now);
-        let mut taken = run(client, floor);
+        let mut taken = run(floor);
         if taken == 0 && floor != crate::head::WHOLE_QUEUE {
             floor = crate::head::WHOLE_QUEUE;
-            taken = run(client, floor);
+            taken = run(floor);
         }
         // SAFETY: reads the clock.
         let took = unsafe { pg_sys::GetCurrentTimestamp() } - now;
@@ -447,13 +440,11 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
             .collect();
         if let (Some(lease), false) = (lease, deliveries.is_empty()) {
             // The jobs are locked by this transaction: the update finds every one of them.
-            let plan = plans::queue_plan(client, queue, Op::Lease, statements::lease);
+            let plan = plans::generic_plan(client, queue, Op::Lease, statements::lease);
             let ids: Vec<i64> = deliveries.iter().map(|delivery| delivery.0).collect();
             // SAFETY: a timestamptz is an int64 passed by value.
             let now = unsafe { DatumWithOid::new(now, pg_sys::TIMESTAMPTZOID) };
-            client
-                .update(&*plan, None, &[ids.into(), now, lease.into()])
-                .unwrap_or_else(|e| internal(e));
+            plan.run(&[ids.into(), now, lease.into()]);
         }
         deliveries
     })
@@ -462,7 +453,6 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
 /// Leases up to `max` due jobs for `lease`, in order, with `FOR UPDATE SKIP LOCKED`.
 #[pg_extern(volatile, parallel_unsafe)]
 #[allow(clippy::type_complexity)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_lease(
     queue: Option<RegClass>,
     max: default!(Option<i32>, 1),
@@ -484,7 +474,6 @@ fn inbox_lease(
 /// Row-locks up to `max` due jobs in the caller's transaction, as `inbox_lease` picks them.
 #[pg_extern(volatile, parallel_unsafe)]
 #[allow(clippy::type_complexity)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_lock(
     queue: Option<RegClass>,
     max: default!(Option<i32>, 1),
@@ -538,7 +527,6 @@ fn settle(
 
 /// Finishes (deletes) job `id` if `token` is still its delivery's.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_ack(queue: Option<RegClass>, id: Option<i64>, token: Option<i64>) -> bool {
     settle(queue, id, token, Op::Ack, statements::ack, &[])
 }
@@ -547,7 +535,6 @@ fn inbox_ack(queue: Option<RegClass>, id: Option<i64>, token: Option<i64>) -> bo
 /// from `inbox_ack`: an untyped `id` could be read as `bigint` or as `bigint[]`, so an overload
 /// would make calls with untyped parameters ambiguous.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_ack_batch(
     queue: Option<RegClass>,
     ids: Option<BigintArray>,
@@ -562,23 +549,22 @@ fn inbox_ack_batch(
 pub(crate) fn ack_batch(queue: pg_sys::Oid, ids: BigintArray, tokens: BigintArray) -> i64 {
     crate::datum::same_length(&ids, &tokens);
     Spi::connect_mut(|client| {
-        let plan = plans::queue_plan(client, queue, Op::AckMany, statements::ack_many);
-        let rows = client
-            .update(&*plan, None, &[ids.into(), tokens.into()])
-            .unwrap_or_else(|e| internal(e));
-        let acked = rows.len() as i64;
-        let groups: Vec<String> = rows
-            .filter_map(|row| row.get::<String>(1).ok().flatten())
+        let plan = plans::generic_plan(client, queue, Op::AckMany, statements::ack_many);
+        let acked = plan.run(&[ids.into(), tokens.into()]);
+        let groups: Vec<String> = (0..acked)
+            // SAFETY: the statement returned `acked` rows of one text column (the group or NULL).
+            .filter_map(|row| unsafe { spi_result_datum(row, 1) })
+            // SAFETY: a non-NULL text datum, copied into the current memory context.
+            .filter_map(|group| unsafe { String::from_datum(group, false) })
             .collect();
         groups::settled(client, queue, groups);
-        acked
+        acked as i64
     })
 }
 
 /// Releases job `id` to run again after `delay`, or dead-letters it once it has had
 /// `max_attempts` deliveries.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_retry(
     queue: Option<RegClass>,
     id: Option<i64>,
@@ -614,7 +600,6 @@ fn inbox_retry(
 
 /// Dead-letters job `id`, keeping it in the table with `reason`, for an operator.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_dead(
     queue: Option<RegClass>,
     id: Option<i64>,
@@ -637,7 +622,6 @@ fn inbox_dead(
 
 /// Keeps job `id` leased for `lease` from now: the heartbeat of a long handler.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_extend(
     queue: Option<RegClass>,
     id: Option<i64>,
@@ -689,15 +673,3 @@ fn inbox_stats(
     });
     TableIterator::once(row)
 }
-
-// Leases and locks take `LIMIT $1` jobs. Left to choose, the plan cache keeps planning them
-// again on every call (a generic plan's guess at the limit looks costly); their generic plan is
-// the right one, an index scan from the oldest due job, so they are told to use it.
-extension_sql!(
-    r#"
-ALTER FUNCTION inbox_lease(regclass, integer, interval) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION inbox_lock(regclass, integer) SET plan_cache_mode = force_generic_plan;
-"#,
-    name = "generic_plans",
-    finalize
-);

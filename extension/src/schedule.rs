@@ -213,9 +213,10 @@ fn schedule_table(client: &SpiClient<'_>) -> (String, Oid) {
         .select(
             "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname), c.oid \
                FROM pg_catalog.pg_extension e \
-               JOIN pg_catalog.pg_class c ON c.relnamespace = e.extnamespace AND c.relname = $1 \
-               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-              WHERE e.extname = 'inbox'",
+               JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) e.extnamespace \
+                                         AND c.relname OPERATOR(pg_catalog.=) $1 \
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+              WHERE e.extname OPERATOR(pg_catalog.=) 'inbox'",
             None,
             &[TABLE.into()],
         )
@@ -260,13 +261,16 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
         due: prepare(
             format!(
                 "SELECT name, cron, time_zone, payload, next_tick FROM {table} \
-                  WHERE queue = $1 AND next_tick <= $2 \
+                  WHERE queue OPERATOR(pg_catalog.=) $1 AND next_tick OPERATOR(pg_catalog.<=) $2 \
                   ORDER BY next_tick LIMIT {FIRE_BATCH} FOR UPDATE SKIP LOCKED"
             ),
             &[pg_sys::REGCLASSOID, pg_sys::TIMESTAMPTZOID],
         ),
         advance: prepare(
-            format!("UPDATE {table} SET next_tick = $3 WHERE queue = $1 AND name = $2"),
+            format!(
+                "UPDATE {table} SET next_tick = $3 \
+                  WHERE queue OPERATOR(pg_catalog.=) $1 AND name OPERATOR(pg_catalog.=) $2"
+            ),
             &[pg_sys::REGCLASSOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
         ),
         scheduled: prepare(

@@ -75,16 +75,18 @@ impl QueueShape {
     /// group does `dead_at` tell the two apart; elsewhere `'infinity'` alone means dead.
     pub fn dead(&self) -> &'static str {
         if self.groups() {
-            "locked_until = 'infinity' AND dead_at IS NOT NULL"
+            "locked_until OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz \
+             AND dead_at IS NOT NULL"
         } else {
-            "locked_until = 'infinity'"
+            "locked_until OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz"
         }
     }
 
     /// The condition that a row is a job waiting behind its group's head.
     pub fn waiting(&self) -> &'static str {
         if self.groups() {
-            "locked_until = 'infinity' AND dead_at IS NULL"
+            "locked_until OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz \
+             AND dead_at IS NULL"
         } else {
             "false"
         }
@@ -120,10 +122,11 @@ impl Table {
                 "SELECT c.relkind::pg_catalog.text, pg_catalog.format('%I.%I', n.nspname, c.relname), \
                         a.attname::pg_catalog.text, a.atttypid, a.attnotnull \
                    FROM pg_catalog.pg_class c \
-                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
                    LEFT JOIN pg_catalog.pg_attribute a \
-                          ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
-                  WHERE c.oid = $1",
+                          ON a.attrelid OPERATOR(pg_catalog.=) c.oid \
+                         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped \
+                  WHERE c.oid OPERATOR(pg_catalog.=) $1",
                 None,
                 &[oid.into()],
             )

@@ -4,11 +4,11 @@
 
 use pgrx::prelude::*;
 
-use crate::datum::{array_facts, same_length, BigintArray, RegClass};
+use crate::datum::{array_facts, same_length, spi_result_datum, BigintArray, RegClass};
 use crate::error::*;
 use crate::plans::{self, Op};
 use crate::shape::QueueShape;
-use crate::statements::Sql;
+use crate::statements::{self, Sql};
 
 /// `$1` ids, `$2` their tokens (as for `inbox_ack`): locks the rows of those jobs that the tokens
 /// still hold, in id order, waiting for a lock held by another transaction (a heartbeat's, or a
@@ -16,12 +16,13 @@ use crate::statements::Sql;
 fn fence(queue: &QueueShape) -> Sql {
     Sql {
         text: format!(
-            "SELECT q.id::int8 FROM {} AS q JOIN unnest($1::int8[], $2::int8[]) AS s(id, token) \
-                 ON q.id = s.id \
-              WHERE q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END \
-                AND q.locked_until IS DISTINCT FROM 'infinity' \
+            "SELECT q.id::pg_catalog.int8 FROM {} AS q \
+               JOIN ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), \
+                               pg_catalog.unnest($2::pg_catalog.int8[])) AS s(id, token) \
+                 ON {} \
               ORDER BY q.id FOR UPDATE OF q",
-            queue.table
+            queue.table,
+            statements::held("q.", "s.id", "s.token")
         ),
         args: vec![pg_sys::INT8ARRAYOID, pg_sys::INT8ARRAYOID],
     }
@@ -30,7 +31,6 @@ fn fence(queue: &QueueShape) -> Sql {
 /// Locks, in the caller's transaction, the jobs among `ids` that their `tokens` still hold, and
 /// returns their ids: from then until the transaction ends no one else can settle or take them.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_fence(
     queue: Option<RegClass>,
     ids: Option<BigintArray>,
@@ -41,11 +41,11 @@ fn inbox_fence(
     let tokens = required(tokens, "tokens");
     same_length(&ids, &tokens);
     let held = Spi::connect_mut(|client| {
-        let plan = plans::queue_plan(client, queue, Op::Fence, fence);
-        client
-            .update(&*plan, None, &[ids.into(), tokens.into()])
-            .unwrap_or_else(|e| internal(e))
-            .map(|row| row.get::<i64>(1).ok().flatten().unwrap_or_default())
+        let plan = plans::generic_plan(client, queue, Op::Fence, fence);
+        let held = plan.run(&[ids.into(), tokens.into()]);
+        (0..held)
+            // SAFETY: the statement returned `held` rows of one int8 column, never NULL.
+            .map(|row| unsafe { spi_result_datum(row, 1) }.map_or(0, |id| id.value() as i64))
             .collect::<Vec<i64>>()
     });
     SetOfIterator::new(held)
@@ -54,7 +54,6 @@ fn inbox_fence(
 /// Acks every job of `ids` under its token, or raises `55000` (and so aborts the caller's
 /// transaction) if any of them is no longer its token's; returns how many it acked.
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn inbox_ack_all(
     queue: Option<RegClass>,
     ids: Option<BigintArray>,
@@ -78,18 +77,6 @@ fn inbox_ack_all(
     }
     acked
 }
-
-// Both statements join the given arrays to the queue by primary key; left to choose, the plan
-// cache plans them again on every call (a third of the call's time, measured), while their
-// generic plan, a nested loop over the arrays with an index scan, is the right one.
-extension_sql!(
-    r#"
-ALTER FUNCTION inbox_ack_all(regclass, bigint[], bigint[]) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION inbox_fence(regclass, bigint[], bigint[]) SET plan_cache_mode = force_generic_plan;
-"#,
-    name = "worker_calls_generic_plans",
-    requires = [inbox_ack_all, inbox_fence]
-);
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

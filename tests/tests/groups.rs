@@ -232,7 +232,7 @@ async fn a_stuck_group_blocks_only_itself_and_costs_other_leases_nothing() {
     let idle = session
         .plans_of(
             "SELECT * FROM inbox_lease('jobs', 10)",
-            "ORDER BY (-(priority::int8))",
+            "ORDER BY (OPERATOR(pg_catalog.-) priority::pg_catalog.int8)",
         )
         .await;
     let idle_buffers = explain::buffers(&idle[0]["Plan"]);

@@ -143,7 +143,7 @@ async fn a_million_jobs_are_taken_by_an_index_scan() {
     let leases = session
         .plans_of(
             "SELECT * FROM inbox_lease('jobs', 10)",
-            "ORDER BY (-(priority::int8))",
+            "ORDER BY (OPERATOR(pg_catalog.-) priority::pg_catalog.int8)",
         )
         .await;
     assert_eq!(leases.len(), 1, "one lease statement ran");
@@ -154,7 +154,7 @@ async fn a_million_jobs_are_taken_by_an_index_scan() {
     let locks = session
         .plans_of(
             "BEGIN; SELECT * FROM inbox_lock('jobs', 10); ROLLBACK",
-            "ORDER BY (-(priority::int8))",
+            "ORDER BY (OPERATOR(pg_catalog.-) priority::pg_catalog.int8)",
         )
         .await;
     assert_eq!(locks.len(), 1, "one lock statement ran");

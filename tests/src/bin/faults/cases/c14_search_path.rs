@@ -1,11 +1,13 @@
 //! Case 14, search_path hijacks, privileges and row-level security, in a database of the case's
-//! own. Functions (`now()`, `clock_timestamp()`, `pg_notify`, `nextval`, ...) and operators
-//! (`=`, `<`, `<=`, `+`, `-` on the types the extension compares) are created in `public`, each
-//! recording that it ran, and sessions put `public` (and `pg_temp`, with temporary tables named
-//! like the real ones) before `pg_catalog`; then every function of the API runs, including
-//! `inbox_create_queue` and `inbox_create_ledger`. What must hold: no hostile object ever runs,
-//! writes land in the tables named, the created tables' defaults use only `pg_catalog`; no
-//! function is SECURITY DEFINER and each pins its search_path; a role without the table
+//! own. Clones of every `pg_catalog` operator on the types the extension compares, of the
+//! functions its statements call (`now()`, `unnest`, `hashtext`, the advisory locks, ...) and
+//! domains named like the types it casts to are created in `public`, each recording that it ran,
+//! and sessions put `public` (and `pg_temp`, with temporary tables named like the real ones)
+//! before `pg_catalog`; then every function of the API runs, including `inbox_create_queue` and
+//! `inbox_create_ledger`, priorities, ordered groups and the worker's calls. What must hold: no
+//! hostile object ever runs, writes land in the tables named, the created tables' defaults use
+//! only `pg_catalog`; no function is SECURITY DEFINER, the functions on the job path set nothing
+//! (their statements are qualified) and every other one pins its search_path; a role without the table
 //! privileges gets 42501 (also after the owner's calls prepared the plans), and row-level
 //! security limits what a role's leases, stats and settlements see.
 
@@ -15,48 +17,98 @@ use crate::common::{connect, describe, sqlstate, Ctx, Result, Row};
 
 pub const NAME: &str = "search_path, privileges, RLS";
 
+/// The functions on the job path, which pin no setting (a `SET` clause costs every call a save and
+/// restore of the setting): every name their statements use is qualified instead.
+const UNPINNED: &[&str] = &[
+    "inbox_claim(",
+    "inbox_claim_or_fail(",
+    "inbox_seen(",
+    "inbox_enqueue(",
+    "inbox_enqueue_bytes(",
+    "inbox_enqueue_batch(",
+    "inbox_enqueue_batch_bytes(",
+    "inbox_lease(",
+    "inbox_lock(",
+    "inbox_ack(",
+    "inbox_ack_batch(",
+    "inbox_retry(",
+    "inbox_dead(",
+    "inbox_extend(",
+    "inbox_fence(",
+    "inbox_ack_all(",
+];
+
+/// Hostile objects in `public`, each recording that it ran: a clone of every `pg_catalog`
+/// operator on the types the extension compares and computes with, clones of the functions its
+/// statements call, and domains named like the types it casts to, whose check records.
 const HOSTILE: &str = r#"
 CREATE TABLE public.hijacked (what text);
 GRANT INSERT ON public.hijacked TO PUBLIC;
 CREATE FUNCTION public.evil(what text) RETURNS void LANGUAGE plpgsql AS
   $$ BEGIN INSERT INTO public.hijacked VALUES (what); END $$;
-CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('now()'); RETURN '2000-01-01'; END $$;
-CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('clock_timestamp()'); RETURN '2000-01-01'; END $$;
-CREATE FUNCTION public.statement_timestamp() RETURNS timestamptz LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('statement_timestamp()'); RETURN '2000-01-01'; END $$;
-CREATE FUNCTION public.pg_notify(text, text) RETURNS void LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('pg_notify'); END $$;
-CREATE FUNCTION public.nextval(regclass) RETURNS bigint LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('nextval'); RETURN 1; END $$;
-CREATE FUNCTION public.length(text) RETURNS integer LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('length'); RETURN 1; END $$;
-CREATE FUNCTION public.eq8(bigint, bigint) RETURNS boolean LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('= bigint'); RETURN true; END $$;
-CREATE OPERATOR public.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = public.eq8);
-CREATE FUNCTION public.eq4(integer, integer) RETURNS boolean LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('= integer'); RETURN true; END $$;
-CREATE OPERATOR public.= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.eq4);
-CREATE FUNCTION public.eqt(text, text) RETURNS boolean LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('= text'); RETURN true; END $$;
-CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.eqt);
-CREATE FUNCTION public.let(timestamptz, timestamptz) RETURNS boolean LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('<= timestamptz'); RETURN true; END $$;
-CREATE OPERATOR public.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = public.let);
-CREATE FUNCTION public.ltt(timestamptz, timestamptz) RETURNS boolean LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('< timestamptz'); RETURN true; END $$;
-CREATE OPERATOR public.< (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = public.ltt);
-CREATE OPERATOR public.> (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = public.ltt);
-CREATE FUNCTION public.plus(timestamptz, interval) RETURNS timestamptz LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('timestamptz + interval'); RETURN '2000-01-01'; END $$;
-CREATE OPERATOR public.+ (LEFTARG = timestamptz, RIGHTARG = interval, FUNCTION = public.plus);
-CREATE FUNCTION public.minus(timestamptz, timestamptz) RETURNS interval LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('timestamptz - timestamptz'); RETURN '0'; END $$;
-CREATE OPERATOR public.- (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = public.minus);
-CREATE FUNCTION public.add4(integer, integer) RETURNS integer LANGUAGE plpgsql AS
-  $$ BEGIN PERFORM public.evil('integer + integer'); RETURN 0; END $$;
-CREATE OPERATOR public.+ (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.add4);
+CREATE FUNCTION public.evil_check(what text) RETURNS boolean LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM public.evil(what); RETURN true; END $$;
+CREATE TABLE public.hostile_count (kind text, n int);
+DO $do$
+DECLARE
+  types regtype[] := ARRAY['int2', 'int4', 'int8', 'text', 'varchar', 'name', 'oid', 'tid',
+                           'bool', 'timestamptz', 'interval', 'jsonb', 'bytea', '"char"',
+                           'int8[]', 'text[]', 'regclass']::regtype[];
+  o record;
+  f record;
+  fn text;
+  made int := 0;
+BEGIN
+  FOR o IN SELECT p.oid, p.oprname, p.oprleft, p.oprright, p.oprresult FROM pg_operator p
+            WHERE p.oprnamespace = 'pg_catalog'::regnamespace
+              AND (p.oprleft = 0 OR p.oprleft = ANY (types)) AND p.oprright = ANY (types)
+  LOOP
+    fn := 'hostile_op_' || o.oid;
+    EXECUTE format('CREATE FUNCTION public.%I(%s) RETURNS %s LANGUAGE plpgsql AS %L', fn,
+      concat_ws(', ', CASE WHEN o.oprleft <> 0 THEN o.oprleft::regtype::text END,
+                o.oprright::regtype::text),
+      o.oprresult::regtype,
+      format('BEGIN PERFORM public.evil(%L); RETURN NULL; END', o.oid::regoperator::text));
+    EXECUTE format('CREATE OPERATOR public.%s (%s RIGHTARG = %s, FUNCTION = public.%I)',
+      o.oprname,
+      CASE WHEN o.oprleft <> 0 THEN format('LEFTARG = %s,', o.oprleft::regtype) ELSE '' END,
+      o.oprright::regtype, fn);
+    made := made + 1;
+  END LOOP;
+  INSERT INTO public.hostile_count VALUES ('operators', made);
+  made := 0;
+  FOR f IN SELECT p.proname, pg_get_function_identity_arguments(p.oid) AS args,
+                  pg_get_function_result(p.oid) AS result, p.proretset
+             FROM pg_proc p
+            WHERE p.pronamespace = 'pg_catalog'::regnamespace AND p.prokind = 'f'
+              AND p.proname IN ('now', 'clock_timestamp', 'statement_timestamp', 'pg_notify',
+                                'nextval', 'length', 'hashtext', 'unnest', 'pg_advisory_xact_lock',
+                                'pg_advisory_xact_lock_shared', 'format', 'to_regclass',
+                                'current_database', 'pg_has_role', 'coalesce', 'greatest',
+                                'jsonb_build_object', 'array_agg', 'pg_stat_get_dead_tuples',
+                                'pg_stat_get_live_tuples', 'int8', 'int4', 'text', 'timestamptz')
+  LOOP
+    BEGIN
+      EXECUTE format('CREATE FUNCTION public.%I(%s) RETURNS %s LANGUAGE plpgsql AS %L',
+        f.proname, f.args, f.result,
+        format('BEGIN PERFORM public.evil(%L); %s END', f.proname || '(' || f.args || ')',
+               CASE WHEN f.proretset OR f.result = 'void' THEN 'RETURN;' ELSE 'RETURN NULL;' END));
+      made := made + 1;
+    EXCEPTION WHEN others THEN
+      NULL; -- a signature plpgsql cannot take (internal, "any"): not one the statements call
+    END;
+  END LOOP;
+  INSERT INTO public.hostile_count VALUES ('functions', made);
+  made := 0;
+  FOREACH fn IN ARRAY ARRAY['int2', 'int4', 'int8', 'text', 'timestamptz', 'interval', 'jsonb',
+                            'bytea', 'bool', 'oid', 'regclass'] LOOP
+    EXECUTE format('CREATE DOMAIN public.%I AS pg_catalog.%I CHECK (public.evil_check(%L))',
+                   fn, fn, 'type ' || fn);
+    made := made + 1;
+  END LOOP;
+  INSERT INTO public.hostile_count VALUES ('types', made);
+END
+$do$;
 "#;
 
 /// Runs `sql`, expecting it to work; a failure is recorded in `row`.
@@ -135,9 +187,14 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
     }
     let (pq, pl) = (format!("'public.{q}'"), format!("'public.{l}'"));
     let calls = [
-        format!("SELECT inbox_enqueue({pq}, '{{\"n\": 1}}'::jsonb)"),
-        format!("SELECT inbox_enqueue({pq}, '{{\"n\": 2}}'::jsonb, pg_catalog.now(), 'key-2')"),
-        format!("SELECT * FROM inbox_enqueue_batch({pq}, ARRAY['{{}}'::jsonb, '{{}}'::jsonb, '{{}}'::jsonb])"),
+        format!("SELECT inbox_enqueue({pq}, '{{\"n\": 1}}'::pg_catalog.jsonb)"),
+        format!(
+            "SELECT inbox_enqueue({pq}, '{{\"n\": 2}}'::pg_catalog.jsonb, pg_catalog.now(), 'key-2')"
+        ),
+        format!(
+            "SELECT * FROM inbox_enqueue_batch({pq}, \
+             ARRAY['{{}}', '{{}}', '{{}}']::pg_catalog.jsonb[])"
+        ),
         format!("SELECT * FROM inbox_stats({pq})"),
         format!("SELECT inbox_channel({pq})"),
         format!("SELECT inbox_claim({pl}, 'k')"),
@@ -172,7 +229,10 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
             1 => format!("SELECT inbox_retry({pq}, {id}, {token}, '0 seconds', 'again', 5)"),
             2 => format!("SELECT inbox_dead({pq}, {id}, {token}, 'dead')"),
             _ => {
-                format!("SELECT inbox_ack_batch({pq}, ARRAY[{id}]::int8[], ARRAY[{token}]::int8[])")
+                format!(
+                    "SELECT inbox_ack_batch({pq}, ARRAY[{id}]::pg_catalog.int8[], \
+                     ARRAY[{token}]::pg_catalog.int8[])"
+                )
             }
         };
         let settled = works(row, &client, &what, &settle).await;
@@ -192,6 +252,70 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
         &format!("SELECT * FROM inbox_lock({pq}, 2)"),
     )
     .await;
+    client.batch_execute("ROLLBACK").await?;
+    // Priorities, ordered groups (their locks and promotions) and the worker's calls, rolled back.
+    client.batch_execute("BEGIN").await?;
+    for call in [
+        format!("SELECT inbox_enqueue({pq}, '{{}}'::pg_catalog.jsonb, priority => 5, group_key => 'g1')"),
+        format!("SELECT inbox_enqueue({pq}, '{{}}'::pg_catalog.jsonb, group_key => 'g1')"),
+        format!(
+            "SELECT * FROM inbox_enqueue_batch({pq}, ARRAY['{{}}', '{{}}']::pg_catalog.jsonb[], \
+             group_keys => ARRAY['g2', 'g2'])"
+        ),
+    ] {
+        works(row, &client, &what, &call).await;
+    }
+    let locked = works(
+        row,
+        &client,
+        &what,
+        &format!("SELECT id, token FROM inbox_lock({pq}, 10)"),
+    )
+    .await;
+    let jobs: Vec<(i64, i64)> = locked.iter().map(|r| (r.get(0), r.get(1))).collect();
+    row.check(jobs.len() >= 3, || {
+        format!(
+            "{what}: locked {} jobs, the two groups' heads and the retried job expected",
+            jobs.len()
+        )
+    });
+    if let Some(((first, first_token), rest)) = jobs.split_first() {
+        works(
+            row,
+            &client,
+            &what,
+            &format!("SELECT inbox_ack({pq}, {first}, {first_token})"),
+        )
+        .await;
+        let ids: Vec<String> = rest.iter().map(|(id, _)| id.to_string()).collect();
+        let tokens: Vec<String> = rest.iter().map(|(_, token)| token.to_string()).collect();
+        let arrays = format!(
+            "ARRAY[{}]::pg_catalog.int8[], ARRAY[{}]::pg_catalog.int8[]",
+            ids.join(", "),
+            tokens.join(", ")
+        );
+        let fenced = works(
+            row,
+            &client,
+            &what,
+            &format!("SELECT * FROM inbox_fence({pq}, {arrays})"),
+        )
+        .await;
+        row.check(fenced.len() == rest.len(), || {
+            format!(
+                "{what}: the fence held {} of {} locked jobs",
+                fenced.len(),
+                rest.len()
+            )
+        });
+        works(
+            row,
+            &client,
+            &what,
+            &format!("SELECT inbox_ack_all({pq}, {arrays})"),
+        )
+        .await;
+    }
     client.batch_execute("ROLLBACK").await?;
     let hijacked: Vec<String> = client
         .query("SELECT DISTINCT what FROM public.hijacked", &[])
@@ -224,9 +348,9 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
         &client,
         &format!(
             "SELECT pg_catalog.count(*) FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) ANY \
-             (ARRAY['public.{q}'::regclass, 'public.{l}'::regclass]) \
+             (ARRAY['public.{q}'::pg_catalog.regclass, 'public.{l}'::pg_catalog.regclass]) \
              AND c.relpersistence OPERATOR(pg_catalog.=) 'p' \
-             AND c.relnamespace OPERATOR(pg_catalog.=) 'public'::regnamespace"
+             AND c.relnamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace"
         ),
     )
     .await?;
@@ -239,10 +363,10 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
             "SELECT pg_catalog.count(*) FROM pg_catalog.pg_depend d \
              JOIN pg_catalog.pg_attrdef a ON a.oid OPERATOR(pg_catalog.=) d.objid \
              JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.refobjid \
-             WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_attrdef'::regclass \
-             AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::regclass \
-             AND a.adrelid OPERATOR(pg_catalog.=) ANY (ARRAY['public.{q}'::regclass, 'public.{l}'::regclass]) \
-             AND p.pronamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::regnamespace"
+             WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_attrdef'::pg_catalog.regclass \
+             AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass \
+             AND a.adrelid OPERATOR(pg_catalog.=) ANY (ARRAY['public.{q}'::pg_catalog.regclass, 'public.{l}'::pg_catalog.regclass]) \
+             AND p.pronamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace"
         ),
     )
     .await?;
@@ -270,11 +394,17 @@ async fn definitions(row: &mut Row, client: &Client) -> Result<()> {
             (function.get(0), function.get(1), function.get(2));
         row.inputs += 1;
         row.check(!definer, || format!("{name} is SECURITY DEFINER"));
-        let creates = name.starts_with("inbox_create_");
-        row.check(
-            creates || config.contains("search_path=pg_catalog, pg_temp"),
-            || format!("{name} does not pin its search_path ({config:?})"),
-        );
+        if UNPINNED.iter().any(|unpinned| name.starts_with(unpinned)) {
+            row.check(config.is_empty(), || {
+                format!("{name} sets {config:?}: a function on the job path sets nothing")
+            });
+        } else {
+            let creates = name.starts_with("inbox_create_");
+            row.check(
+                creates || config.contains("search_path=pg_catalog, pg_temp"),
+                || format!("{name} does not pin its search_path ({config:?})"),
+            );
+        }
     }
     Ok(())
 }
@@ -454,6 +584,21 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
         let owner = connect(&url).await?;
         definitions(&mut row, &owner).await?;
         owner.batch_execute(HOSTILE).await?;
+        let made = owner
+            .query(
+                "SELECT kind, n FROM public.hostile_count ORDER BY kind",
+                &[],
+            )
+            .await?;
+        let made: Vec<(String, i32)> = made.iter().map(|r| (r.get(0), r.get(1))).collect();
+        row.check(
+            made.iter().all(|(kind, n)| match kind.as_str() {
+                "operators" => *n >= 200,
+                "functions" => *n >= 15,
+                _ => *n >= 11,
+            }),
+            || format!("too few hostile objects were created: {made:?}"),
+        );
         hijack(&mut row, &url, 1, "public, pg_catalog").await?;
         hijack(&mut row, &url, 2, "pg_temp, public, pg_catalog").await?;
         privileges(&mut row, &owner, &roles).await?;
