@@ -28,6 +28,7 @@ pub(crate) enum Op {
     Enqueue,
     EnqueueBatch,
     Lease,
+    LeaseOne,
     Lock,
     Ack,
     AckMany,

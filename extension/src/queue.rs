@@ -376,7 +376,12 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
     Spi::connect_mut(|client| {
         crate::schedule::enqueue_due_ticks(client, queue);
         let shape = plans::queue(client, queue);
-        let plan = plans::generic_plan(client, queue, Op::Lock, statements::take);
+        // A lease of one job takes and leases it in one statement; others lease what they took.
+        let leases_in_take = lease.filter(|_| max == 1);
+        let plan = match leases_in_take {
+            Some(_) => plans::generic_plan(client, queue, Op::LeaseOne, statements::lease_one),
+            None => plans::generic_plan(client, queue, Op::Lock, statements::take),
+        };
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         let run = |(rank, due, id): crate::head::Floor| {
@@ -385,6 +390,9 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
             let mut args = vec![max.into(), timestamptz(now)];
             if !shape.nullable_locked_until {
                 args.extend([rank.into(), timestamptz(due), id.into()]);
+            }
+            if let Some(lease) = leases_in_take {
+                args.push(lease.into());
             }
             plan.run(&args)
         };
@@ -438,7 +446,7 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
                 (id, attempt, token, json, bytes)
             })
             .collect();
-        if let (Some(lease), false) = (lease, deliveries.is_empty()) {
+        if let (Some(lease), None, false) = (lease, leases_in_take, deliveries.is_empty()) {
             // The jobs are locked by this transaction: the update finds every one of them.
             let plan = plans::generic_plan(client, queue, Op::Lease, statements::lease);
             let ids: Vec<i64> = deliveries.iter().map(|delivery| delivery.0).collect();

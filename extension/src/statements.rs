@@ -210,8 +210,9 @@ const PRIORITY_RANK: &str = "(OPERATOR(pg_catalog.-) priority::pg_catalog.int8)"
 /// `$1` max, `$2` now; then, where `locked_until` is NOT NULL, the floor the scan starts from
 /// (see `head`: a rank, a due time and an id). Picks due jobs in order with SKIP LOCKED and locks
 /// them; returns each job's id, the attempt its delivery counts, its payload, due time and rank.
-/// A lock stops there (its settlement counts the attempt, see FENCE), so it costs what
-/// `SELECT ... FOR UPDATE` costs; a lease then marks the locked jobs ([`lease`]).
+/// A lock stops there (its settlement counts the attempt, see [`held`]), so it costs what
+/// `SELECT ... FOR UPDATE` costs; a lease then marks the locked jobs ([`lease`]), or, for one
+/// job, takes and marks it in one statement ([`lease_one`]).
 ///
 /// The order is by rank, then due time, then id. With a `priority` column the rank is
 /// `-priority` (higher first; as an int8, which cannot overflow), the index of
@@ -224,6 +225,18 @@ const PRIORITY_RANK: &str = "(OPERATOR(pg_catalog.-) priority::pg_catalog.int8)"
 /// no sort that would lock more than it returns. Without `priority` the rank is 0 and the floor
 /// compares `(locked_until, id)`.
 pub(crate) fn take(queue: &QueueShape) -> Sql {
+    let (picked, args) = picked(queue, "$1");
+    Sql {
+        text: format!(
+            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, due, rank \
+               FROM ({picked}) AS picked"
+        ),
+        args,
+    }
+}
+
+/// The due jobs [`take`] locks, at most `limit`, and the types of the statement's parameters.
+fn picked(queue: &QueueShape, limit: &str) -> (String, Vec<Oid>) {
     let table = &queue.table;
     let (rank, finite) = if queue.has_priority {
         (PRIORITY_RANK, format!(" AND locked_until {LT} {INFINITY}"))
@@ -233,7 +246,7 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
     let scan = |condition: &str| {
         format!(
             "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload FROM {table} \
-              WHERE {condition} ORDER BY {rank}, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED"
+              WHERE {condition} ORDER BY {rank}, locked_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
         )
     };
     let (picked, floor_args) = if queue.nullable_locked_until {
@@ -242,7 +255,7 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
             format!(
                 "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload FROM {table} \
                   WHERE {due} ORDER BY {rank}, locked_until NULLS FIRST, id \
-                  LIMIT $1 FOR UPDATE SKIP LOCKED"
+                  LIMIT {limit} FOR UPDATE SKIP LOCKED"
             ),
             vec![],
         )
@@ -256,7 +269,7 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
             format!(
                 "SELECT * FROM (SELECT * FROM ({above}) AS above \
                                 UNION ALL SELECT * FROM ({from_floor}) AS from_floor) AS picked \
-                 LIMIT $1"
+                 LIMIT {limit}"
             ),
             vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID],
         )
@@ -269,22 +282,45 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
             vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID, pg_sys::INT8OID],
         )
     };
+    let args = [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID]
+        .into_iter()
+        .chain(floor_args)
+        .collect();
+    (picked, args)
+}
+
+/// [`take`]'s parameters (`$1`, the most jobs, is 1 and unused), then the lease's length: takes
+/// one job and leases it in one statement, which returns what [`take`] returns. One statement
+/// rather than [`take`] and [`lease`] spares a lease of one job (the common call) an executor
+/// start, a snapshot and the update's index lookup; with one row taken (`LIMIT 1`, written out
+/// so that the planner knows it) the join is a nested loop into the primary key.
+pub(crate) fn lease_one(queue: &QueueShape) -> Sql {
+    let (picked, mut args) = picked(queue, "1");
+    args.push(pg_sys::INTERVALOID);
+    let length = format!("${}", args.len());
+    let leased_at = if queue.has_leased_at {
+        ", leased_at = $2"
+    } else {
+        ""
+    };
     Sql {
         text: format!(
-            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, due, rank \
-               FROM ({picked}) AS picked"
+            "UPDATE {} AS q SET attempt = q.attempt {PLUS} 1, \
+                                locked_until = $2 {PLUS} {length}{leased_at} \
+               FROM ({picked}) AS picked \
+              WHERE q.id {EQ} picked.id \
+          RETURNING q.id::pg_catalog.int8, q.attempt::pg_catalog.int4, q.payload, picked.due, \
+                    picked.rank",
+            queue.table
         ),
-        args: [pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID]
-            .into_iter()
-            .chain(floor_args)
-            .collect(),
+        args,
     }
 }
 
 /// `$1` the ids of jobs that [`take`] locked in this transaction, `$2` now, `$3` the lease's
-/// length: counts their attempt and hides them until the lease ends. Apart from the take, so
-/// that both stay simple plans (a scan, and a primary-key update) rather than one plan that joins
-/// and sorts what the update returns.
+/// length: counts their attempt and hides them until the lease ends. Apart from the take when
+/// it leases more than one job, so that both stay simple plans (a scan, and a primary-key update)
+/// rather than one plan that joins and sorts what the update returns.
 pub(crate) fn lease(queue: &QueueShape) -> Sql {
     let leased_at = if queue.has_leased_at {
         ", leased_at = $2"
