@@ -59,9 +59,12 @@ echo "ok: installed into inbox_sql_only and inbox_sql_only_fresh as $owner"
 
 banner "SQL-only: the same API as the pgrx build"
 # Each API function (the pgrx build's names; the SQL-only build's own helpers are inbox__*) with
-# everything a caller can see of it. search_path is pinned differently (the SQL-only build's
-# helpers live in its schema), so it is left out of the settings compared; so are the trigger
-# functions, which only the pgrx build needs (its event trigger and its cache invalidation).
+# everything a caller can see of it. search_path and plan_cache_mode are left out of the settings
+# compared: each build protects its statements and keeps their generic plans its own way (the
+# SQL-only build pins the path, its helpers living in its schema, and sets the plan mode per
+# function; the pgrx build's job-path functions set neither, see extension/src/statements.rs and
+# plans.rs). So are the trigger functions, which only the pgrx build needs (its event trigger and
+# its cache invalidation).
 api_sql="
 SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> '
        || pg_get_function_result(p.oid)
@@ -69,7 +72,8 @@ SELECT p.proname || '(' || pg_get_function_arguments(p.oid) || ') -> '
                              'strict=' || p.proisstrict, 'definer=' || p.prosecdef,
                              'leakproof=' || p.proleakproof, 'rows=' || p.prorows)
        || ' | ' || coalesce((SELECT string_agg(c, ', ' ORDER BY c) FROM unnest(p.proconfig) c
-                             WHERE c NOT LIKE 'search\\_path=%'), '')
+                             WHERE c NOT LIKE 'search\\_path=%'
+                               AND c NOT LIKE 'plan\\_cache\\_mode=%'), '')
        || ' | ' || coalesce(obj_description(p.oid, 'pg_proc'), '(no comment)')
   FROM pg_proc p
  WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'inbox\\_%'

@@ -204,8 +204,9 @@ pub(crate) fn queue_plan(
 /// The generic plan: locks take `LIMIT $1` jobs, leases and the array settlements find `$1` ids
 /// by primary key; left to choose, the plan cache plans them again on every call (a generic
 /// plan's guess at the limit or the arrays' length looks costly; planning was a third of the
-/// call's time, measured), while the generic plan, an index scan, is the right one. A `SET plan_cache_mode` clause on the function
-/// would cost a GUC save and restore per call; the cursor option asks for the same per statement.
+/// call's time, measured), while the generic plan, an index scan, is the right one. A `SET
+/// plan_cache_mode` clause on the function would cost a GUC save and restore per call; the
+/// cursor option asks for the same, per statement.
 ///
 /// The latest committed state: the bookkeeping of ordered groups, run under the group's lock,
 /// must see what the transactions that held the lock before committed (as `REFERENCES` checks

@@ -9,6 +9,11 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
+/// A fragment of the text of a lease's (and a lock's) scan of a queue with priorities, in both
+/// builds (`ORDER BY <rank>, locked_until, id LIMIT ...`): the pgrx build spells the rank
+/// `(OPERATOR(pg_catalog.-) priority::pg_catalog.int8)`, the SQL-only build `(-(priority::int8))`.
+pub const TAKE_SCAN: &str = "), locked_until, id LIMIT";
+
 /// A connection whose nested statements' plans arrive on `plans`.
 pub struct Explaining {
     pub client: Client,
