@@ -7,8 +7,8 @@
 //! `inbox_create_ledger`, priorities, ordered groups and the worker's calls. What must hold: no
 //! hostile object ever runs, writes land in the tables named, the created tables' defaults use
 //! only `pg_catalog`; no function is SECURITY DEFINER, the functions on the job path set nothing
-//! (their statements are qualified) and every other one pins its search_path; a role without the table
-//! privileges gets 42501 (also after the owner's calls prepared the plans), and row-level
+//! (their statements are qualified) and every other one pins its search_path; a role without the
+//! table privileges gets 42501 (also after the owner's calls prepared the plans), and row-level
 //! security limits what a role's leases, stats and settlements see.
 
 use tokio_postgres::Client;
