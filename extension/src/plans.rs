@@ -118,7 +118,7 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: Oid
 
 /// The shape of ledger `oid`, loaded on first use.
 pub(crate) fn ledger(client: &SpiClient<'_>, oid: Oid) -> Rc<LedgerShape> {
-    cached_shape(
+    cached(
         oid,
         |cache| &mut cache.ledgers,
         || LedgerShape::load(client, oid),
@@ -127,30 +127,32 @@ pub(crate) fn ledger(client: &SpiClient<'_>, oid: Oid) -> Rc<LedgerShape> {
 
 /// The shape of queue `oid`, loaded on first use.
 pub(crate) fn queue(client: &SpiClient<'_>, oid: Oid) -> Rc<QueueShape> {
-    cached_shape(
+    cached(
         oid,
         |cache| &mut cache.queues,
         || QueueShape::load(client, oid),
     )
 }
 
-fn cached_shape<S>(
-    oid: Oid,
-    map: impl Fn(&mut Cache) -> &mut HashMap<Oid, Rc<S>>,
-    load: impl FnOnce() -> S,
-) -> Rc<S> {
-    let cached = CACHE.with(|cache| {
+/// The entry `key` of one of the cache's maps, made by `load` on first use (and again once a
+/// relcache invalidation dropped it).
+fn cached<K: std::hash::Hash + Eq, V>(
+    key: K,
+    map: impl Fn(&mut Cache) -> &mut HashMap<K, Rc<V>>,
+    load: impl FnOnce() -> V,
+) -> Rc<V> {
+    let hit = CACHE.with(|cache| {
         let mut cache = cache.borrow_mut();
         cache.drop_stale();
-        map(&mut cache).get(&oid).cloned()
+        map(&mut cache).get(&key).cloned()
     });
-    if let Some(shape) = cached {
-        return shape;
+    if let Some(value) = hit {
+        return value;
     }
     // Loading runs SPI, which may raise; nothing is borrowed while it does.
-    let shape = Rc::new(load());
-    CACHE.with(|cache| map(&mut cache.borrow_mut()).insert(oid, shape.clone()));
-    shape
+    let value = Rc::new(load());
+    CACHE.with(|cache| map(&mut cache.borrow_mut()).insert(key, value.clone()));
+    value
 }
 
 /// The statement `op` for table `oid`, prepared from `build` on first use.
@@ -160,22 +162,18 @@ pub(crate) fn plan(
     op: Op,
     build: impl FnOnce() -> Sql,
 ) -> Rc<OwnedPreparedStatement> {
-    let cached = CACHE.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        cache.drop_stale();
-        cache.plans.get(&(oid, op)).cloned()
-    });
-    if let Some(plan) = cached {
-        return plan;
-    }
-    let sql = build();
-    let args: Vec<PgOid> = sql.args.iter().map(|&oid| PgOid::from(oid)).collect();
-    let plan = client
-        .prepare_mut(sql.text.as_str(), &args)
-        .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, format!("preparing {op:?}: {e}")));
-    let plan = Rc::new(plan.keep());
-    CACHE.with(|cache| cache.borrow_mut().plans.insert((oid, op), plan.clone()));
-    plan
+    cached(
+        (oid, op),
+        |cache| &mut cache.plans,
+        || {
+            let sql = build();
+            let args: Vec<PgOid> = sql.args.iter().map(|&oid| PgOid::from(oid)).collect();
+            client
+                .prepare_mut(sql.text.as_str(), &args)
+                .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, format!("preparing {op:?}: {e}")))
+                .keep()
+        },
+    )
 }
 
 /// Shorthand for the statements built from a ledger's shape.
@@ -320,21 +318,11 @@ fn raw_plan(
     build: fn(&QueueShape) -> Sql,
     cursor_options: u32,
 ) -> Rc<RawPlan> {
-    let cached = CACHE.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        cache.drop_stale();
-        cache.raw.get(&(oid, op)).cloned()
-    });
-    if let Some(plan) = cached {
-        return plan;
-    }
-    let plan = Rc::new(RawPlan::prepare(
-        op,
-        build(&queue(client, oid)),
-        cursor_options,
-    ));
-    CACHE.with(|cache| cache.borrow_mut().raw.insert((oid, op), plan.clone()));
-    plan
+    cached(
+        (oid, op),
+        |cache| &mut cache.raw,
+        || RawPlan::prepare(op, build(&queue(client, oid)), cursor_options),
+    )
 }
 
 /// The statement `op` for queue `oid`, kept to its generic plan (see [`RawPlan`]).

@@ -244,16 +244,8 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
             || format!("{what}: {settle} was refused"),
         );
     }
-    client.batch_execute("BEGIN").await?;
-    works(
-        row,
-        &client,
-        &what,
-        &format!("SELECT * FROM inbox_lock({pq}, 2)"),
-    )
-    .await;
-    client.batch_execute("ROLLBACK").await?;
-    // Priorities, ordered groups (their locks and promotions) and the worker's calls, rolled back.
+    // Locks, priorities, ordered groups (their locks and promotions) and the worker's calls, in
+    // one transaction rolled back.
     client.batch_execute("BEGIN").await?;
     for call in [
         format!("SELECT inbox_enqueue({pq}, '{{}}'::pg_catalog.jsonb, priority => 5, group_key => 'g1')"),
