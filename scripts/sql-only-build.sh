@@ -36,7 +36,9 @@ HEADER
   for source in sql/shared/*.sql sql/sql-only/*.sql; do
     [[ -f "$source" ]] || continue
     printf '\n-- ---- %s ----\n\n' "$source"
-    cat "$source"
+    # The shared files name the extension's objects @extschema@.name; this build's functions
+    # find them on their pinned search_path instead.
+    sed 's/@extschema@\.//g' "$source"
   done
   cat <<'FOOTER'
 

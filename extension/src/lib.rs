@@ -16,6 +16,7 @@ mod head;
 pub mod ledger;
 mod names;
 mod observe;
+mod outbox;
 mod plans;
 pub mod queue;
 pub mod schedule;

@@ -37,7 +37,8 @@ SELECT c.oid, pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' \
              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
                AND ((a.attname IN ('key', 'last_error', 'group_key') AND a.atttypid NOT IN ('text'::pg_catalog.regtype, 'varchar'::pg_catalog.regtype)) \
                  OR (a.attname IN ('leased_at', 'dead_at', 'run_at') AND a.atttypid <> 'timestamptz'::pg_catalog.regtype) \
-                 OR (a.attname = 'priority' AND a.atttypid NOT IN ('int2'::pg_catalog.regtype, 'int4'::pg_catalog.regtype, 'int8'::pg_catalog.regtype)))) \
+                 OR (a.attname = 'priority' AND a.atttypid NOT IN ('int2'::pg_catalog.regtype, 'int4'::pg_catalog.regtype, 'int8'::pg_catalog.regtype)) \
+                 OR a.attname = 'ordering_key')) \
  ORDER BY n.nspname, c.relname";
 
 /// The states a job can be seen in (`locked` is a row lock, invisible to other sessions).

@@ -39,6 +39,14 @@ fn channel(queue: pg_sys::Oid) -> String {
     format!("inbox_{}", queue.to_u32())
 }
 
+/// Wakes the sessions asleep on `queue` once the caller commits, as an enqueue does: for rows
+/// inserted by other means (the outbox's publishes, an application's own `INSERT`).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn inbox_notify(queue: Option<RegClass>) {
+    notify(required(queue, "queue").0)
+}
+
 /// Wakes the workers asleep on the queue once the caller commits, unless `inbox.notify` is off;
 /// sends nothing when none sleeps (see `wakeups`).
 fn notify(queue: pg_sys::Oid) {

@@ -51,6 +51,10 @@ BEGIN
      WHERE queue::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
                            WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
                              AND objsubid = 0);
+    DELETE FROM @extschema@.inbox_relays
+     WHERE outbox::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
+                            WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                              AND objsubid = 0);
 END
 $$;
 REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
@@ -58,7 +62,7 @@ CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
     EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
 "#,
     name = "periodic_jobs_extension",
-    requires = ["periodic_jobs"]
+    requires = ["periodic_jobs", "outbox"]
 );
 
 /// Sends the schedule table's relcache invalidation, which every session receives once the change

@@ -25,16 +25,7 @@ BEGIN
 END
 $$;
 
--- Raises 22004 naming the argument.
-CREATE OR REPLACE FUNCTION inbox__required(value anyelement, argument text) RETURNS anyelement
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
-BEGIN
-    IF value IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
-    END IF;
-    RETURN value;
-END
-$$;
+-- inbox__required (22004 naming the argument) is shared with the pgrx build: sql/shared/outbox.sql.
 
 -- A required time that is finite (error.rs finite_time).
 CREATE OR REPLACE FUNCTION inbox__finite_time(value timestamptz, argument text) RETURNS timestamptz

@@ -57,6 +57,15 @@ BEGIN
 END
 $$;
 
+-- The public form of inbox__notify, for rows inserted by other means than the enqueues (the
+-- outbox's publishes, an application's own INSERT): wakes the sleepers once the caller commits.
+CREATE OR REPLACE FUNCTION inbox_notify(queue regclass) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM inbox__notify(inbox__required(queue, 'queue'));
+END
+$$;
+
 -- Whether this session is registered as asleep on the queue.
 CREATE OR REPLACE FUNCTION inbox__sleeping(queue regclass) RETURNS bool
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$

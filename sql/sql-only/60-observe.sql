@@ -85,7 +85,9 @@ BEGIN
                          OR (a.attname IN ('leased_at', 'dead_at', 'run_at')
                              AND a.atttypid <> 'timestamptz'::regtype)
                          OR (a.attname = 'priority'
-                             AND a.atttypid NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))))
+                             AND a.atttypid NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))
+                         -- An outbox is shaped like a queue; its ordering_key tells it apart.
+                         OR a.attname = 'ordering_key'))
          ORDER BY n.nspname, c.relname
     LOOP
         BEGIN
