@@ -11,6 +11,9 @@
 //!   so that an event's effect is applied once however often the event is delivered.
 //! - [`Queue`]: enqueue jobs (through any [`Database`], so inside a transaction too), read a
 //!   queue's counts, and declare its [`Schedule`]s (periodic jobs, one job per tick).
+//! - [`outbox`]: publish events inside a transaction ([`Outbox`](outbox::Outbox)) and relay them
+//!   to a broker ([`Relay`](outbox::Relay) into a [`Sink`](outbox::Sink); NATS JetStream with the
+//!   `nats` feature), in commit order per key and at most once per message id in the broker.
 //! - [`worker`]: workers that lease jobs, run a handler and settle each job; in transactional
 //!   mode the handler's writes commit together with the job's settlement, so effects that are
 //!   rows in the queue's database happen exactly once. Effects outside it (HTTP calls, e-mail,
@@ -74,6 +77,7 @@ mod database;
 mod error;
 mod inbox;
 mod mode;
+pub mod outbox;
 mod pg;
 mod queue;
 mod rows;

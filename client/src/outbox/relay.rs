@@ -1,0 +1,462 @@
+//! [`Relay`]: claims an outbox's messages, hands them to a [`Sink`] and settles what the sink
+//! answered, holding the outbox's lease while it works.
+//!
+//! One round: `inbox_relay_claim` (which renews the lease) takes each key's head, up to a batch;
+//! the sink publishes the batch; `inbox_relay_sent` deletes what the broker acknowledged and
+//! `inbox_relay_failed` schedules the rest for a retry. Every statement is unnamed with its
+//! parameter types, so a relay works through a pooler in transaction mode too.
+//!
+//! Idle, the holder sleeps on the outbox as workers sleep on a queue (`inbox_sleep`, on a LISTEN
+//! connection of its own: publishes notify only while a relay sleeps), waking at least every
+//! third of its lease to renew it; without direct connection settings it polls. A relay that
+//! finds the lease held by another sleeps until that lease ends, then tries to take it: a killed
+//! holder is replaced within one lease period.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::{stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_util::sync::CancellationToken;
+
+use super::{headers_from_json, sql, Delivery, Message, Sink};
+use crate::error::DbError;
+use crate::pg::PgDatabase;
+
+/// What a relay has done so far (for a progress line or metrics); shared with its clones.
+#[derive(Debug, Default)]
+pub struct RelayCounts {
+    sent: AtomicU64,
+    duplicates: AtomicU64,
+    failed: AtomicU64,
+    batches: AtomicU64,
+    leading: std::sync::atomic::AtomicBool,
+}
+
+impl RelayCounts {
+    /// Messages the broker acknowledged and the relay deleted.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Of those, acknowledgements flagged as duplicates.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Relaxed)
+    }
+
+    /// Publishes that failed (each is retried, or dead-lettered after the last attempt).
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Claims that returned messages.
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Whether this relay held the outbox's lease at its last claim.
+    pub fn leading(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
+    }
+}
+
+/// Drains an outbox into a [`Sink`]; see the [module](super) for what it guarantees.
+///
+/// ```no_run
+/// # #[cfg(feature = "nats")]
+/// # async fn run(db: inbox_client::PgDatabase) -> Result<(), Box<dyn std::error::Error>> {
+/// use inbox_client::outbox::{NatsSink, Relay};
+///
+/// let nats = async_nats::connect("nats://127.0.0.1:4222").await?;
+/// let sink = NatsSink::new(async_nats::jetstream::new(nats));
+/// let stop = tokio_util::sync::CancellationToken::new();
+/// Relay::new(db, "events", sink).run(stop).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Relay<S> {
+    db: PgDatabase,
+    outbox: String,
+    sink: S,
+    name: String,
+    batch: i32,
+    lease: Duration,
+    max_attempts: i32,
+    counts: Arc<RelayCounts>,
+}
+
+impl<S: Sink> Relay<S> {
+    /// A relay of `outbox` (its SQL name) into `sink`, named after this host and process, claiming
+    /// up to 1,000 messages a round with a 30 s lease, dead-lettering after 10 attempts.
+    pub fn new(db: PgDatabase, outbox: impl Into<String>, sink: S) -> Self {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "relay".to_owned());
+        Self {
+            db,
+            outbox: outbox.into(),
+            sink,
+            name: format!("{host}-{}-{:08x}", std::process::id(), fastrand::u32(..)),
+            batch: 1000,
+            lease: Duration::from_secs(30),
+            max_attempts: 10,
+            counts: Arc::default(),
+        }
+    }
+
+    /// This relay known as `name` in `inbox_outbox_stats` (unique among the outbox's relays).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// At most `batch` messages a round (at least 1).
+    #[must_use]
+    pub fn batch(mut self, batch: i32) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// The lease: how long a claim holds the outbox and its messages (at least 1 s). A relay that
+    /// dies is replaced this long after its last claim at most.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_secs(1));
+        self
+    }
+
+    /// Attempts before a message is dead-lettered (at least 1).
+    #[must_use]
+    pub fn max_attempts(mut self, max_attempts: i32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// The counts of what it has done, updated as it runs.
+    pub fn counts(&self) -> Arc<RelayCounts> {
+        Arc::clone(&self.counts)
+    }
+
+    /// Relays until `stop` is cancelled, then settles the round in flight and gives up the lease.
+    /// Database errors (a lost connection, a failover) are logged and retried; they do not end it.
+    ///
+    /// # Errors
+    /// Only an error that retrying cannot cure: the outbox does not exist or is not an outbox,
+    /// or the role may not use it.
+    pub async fn run(self, stop: CancellationToken) -> Result<(), DbError> {
+        let mut listener = Listener::new(&self.db, &self.outbox);
+        let mut backoff = Duration::from_millis(100);
+        while !stop.is_cancelled() {
+            match self.round().await {
+                Ok(Round::Worked) => backoff = Duration::from_millis(100),
+                Ok(Round::Empty) => {
+                    self.counts.leading.store(true, Ordering::Relaxed);
+                    listener.idle(self.lease / 3, &stop).await;
+                }
+                Ok(Round::Standby(until)) => {
+                    self.counts.leading.store(false, Ordering::Relaxed);
+                    let wait = (until - Utc::now())
+                        .to_std()
+                        .unwrap_or_default()
+                        .min(self.lease)
+                        + Duration::from_millis(fastrand::u64(1..50));
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = stop.cancelled() => {}
+                    }
+                }
+                Err(error) if fatal(&error) => return Err(error),
+                Err(error) => {
+                    tracing::warn!(outbox = %self.outbox, %error, "relay round failed; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = stop.cancelled() => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        let client = self.db.pool().get().await?;
+        query(
+            &client,
+            sql::RELEASE,
+            &[(&self.outbox, Type::TEXT), (&self.name, Type::TEXT)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// One claim, its publishes and their settlement.
+    async fn round(&self) -> Result<Round, DbError> {
+        let client = self.db.pool().get().await?;
+        let lease = format!("{} milliseconds", self.lease.as_millis());
+        let rows = query(
+            &client,
+            sql::CLAIM,
+            &[
+                (&self.outbox, Type::TEXT),
+                (&self.name, Type::TEXT),
+                (&self.batch, Type::INT4),
+                (&lease, Type::TEXT),
+            ],
+        )
+        .await?;
+        if rows.is_empty() {
+            return self.holder(&client).await;
+        }
+        let claimed_at = tokio::time::Instant::now();
+        let token: i64 = rows[0].try_get("token")?;
+        let batch = rows
+            .iter()
+            .map(|row| self.message(row))
+            .collect::<Result<Vec<_>, DbError>>()?;
+        // Not past the lease: once it ends another relay may claim these messages.
+        let bound = (self.lease / 2).saturating_sub(claimed_at.elapsed());
+        let deliveries = match tokio::time::timeout(bound, self.sink.publish(&batch)).await {
+            Ok(deliveries) if deliveries.len() == batch.len() => deliveries,
+            Ok(deliveries) => {
+                let error = format!(
+                    "the sink answered {} outcomes for {} messages",
+                    deliveries.len(),
+                    batch.len()
+                );
+                vec![Delivery::Failed(error); batch.len()]
+            }
+            Err(_) => {
+                vec![Delivery::Failed(format!("publish timed out after {bound:?}")); batch.len()]
+            }
+        };
+        let (mut sent, mut duplicates, mut failed, mut errors) =
+            (Vec::new(), 0, Vec::new(), Vec::new());
+        for (message, delivery) in batch.iter().zip(deliveries) {
+            match delivery {
+                Delivery::Sent { duplicate } => {
+                    sent.push(message.id);
+                    duplicates += i32::from(duplicate);
+                }
+                Delivery::Failed(error) => {
+                    failed.push(message.id);
+                    errors.push(error);
+                }
+            }
+        }
+        if !sent.is_empty() {
+            let deleted = query(
+                &client,
+                sql::SENT,
+                &[
+                    (&self.outbox, Type::TEXT),
+                    (&token, Type::INT8),
+                    (&sent, Type::INT8_ARRAY),
+                    (&duplicates, Type::INT4),
+                ],
+            )
+            .await?;
+            let deleted: i64 = deleted[0].try_get(0)?;
+            self.counts
+                .sent
+                .fetch_add(deleted as u64, Ordering::Relaxed);
+            self.counts
+                .duplicates
+                .fetch_add(duplicates as u64, Ordering::Relaxed);
+        }
+        if !failed.is_empty() {
+            tracing::warn!(outbox = %self.outbox, failed = failed.len(), first_error = %errors[0], "publishes failed");
+            query(
+                &client,
+                sql::FAILED,
+                &[
+                    (&self.outbox, Type::TEXT),
+                    (&token, Type::INT8),
+                    (&failed, Type::INT8_ARRAY),
+                    (&errors, Type::TEXT_ARRAY),
+                    (&self.max_attempts, Type::INT4),
+                ],
+            )
+            .await?;
+            self.counts
+                .failed
+                .fetch_add(failed.len() as u64, Ordering::Relaxed);
+        }
+        self.counts.batches.fetch_add(1, Ordering::Relaxed);
+        self.counts.leading.store(true, Ordering::Relaxed);
+        Ok(Round::Worked)
+    }
+
+    /// After an empty claim: whether this relay holds the lease, or until when another does.
+    async fn holder(&self, client: &tokio_postgres::Client) -> Result<Round, DbError> {
+        let rows = query(client, sql::STATS, &[(&self.outbox, Type::TEXT)]).await?;
+        let relay: Option<String> = rows[0].try_get("relay")?;
+        let until: Option<DateTime<Utc>> = rows[0].try_get("relay_lease_until")?;
+        match (relay, until) {
+            (Some(relay), Some(until)) if relay != self.name && until > Utc::now() => {
+                Ok(Round::Standby(until))
+            }
+            _ => Ok(Round::Empty),
+        }
+    }
+
+    fn message(&self, row: &tokio_postgres::Row) -> Result<Message, DbError> {
+        let id: i64 = row.try_get("id")?;
+        let payload: Vec<u8> = row.try_get("payload")?;
+        Ok(Message {
+            id,
+            attempt: row.try_get("attempt")?,
+            subject: row.try_get("subject")?,
+            key: row.try_get("key")?,
+            payload: payload.into(),
+            headers: headers_from_json(row.try_get("headers")?),
+            published_at: row.try_get("published_at")?,
+            message_id: format!("{}:{id}", self.outbox),
+        })
+    }
+}
+
+enum Round {
+    Worked,
+    Empty,
+    /// Another relay holds the lease until then.
+    Standby(DateTime<Utc>),
+}
+
+/// Errors a retry cannot cure: no such table, not an outbox, no privilege.
+fn fatal(error: &DbError) -> bool {
+    matches!(
+        error.sqlstate(),
+        Some("42P01" | "42703" | "42804" | "42809" | "42501" | "22023" | "22004")
+    )
+}
+
+async fn query(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<tokio_postgres::Row>, DbError> {
+    Ok(client.query_typed(sql, params).await?)
+}
+
+/// The relay's LISTEN session: registers as asleep on the outbox when a claim came back empty, so
+/// that publishes notify it, and wakes on the notification or after a timeout.
+struct Listener {
+    config: Option<tokio_postgres::Config>,
+    outbox: String,
+    session: Option<Session>,
+}
+
+struct Session {
+    client: tokio_postgres::Client,
+    notifications: mpsc::UnboundedReceiver<()>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl Listener {
+    fn new(db: &PgDatabase, outbox: &str) -> Self {
+        Self {
+            config: db.listen_config().cloned(),
+            outbox: outbox.to_owned(),
+            session: None,
+        }
+    }
+
+    /// Waits for a publish, at most `timeout` (polls when it cannot LISTEN).
+    async fn idle(&mut self, timeout: Duration, stop: &CancellationToken) {
+        let asleep = match self.sleep().await {
+            Ok(asleep) => asleep,
+            Err(error) => {
+                tracing::warn!(outbox = %self.outbox, %error, "LISTEN connection failed; polling");
+                self.session = None;
+                false
+            }
+        };
+        let Some(session) = self.session.as_mut() else {
+            tokio::select! {
+                () = tokio::time::sleep(timeout.min(Duration::from_secs(1))) => {}
+                () = stop.cancelled() => {}
+            }
+            return;
+        };
+        if asleep {
+            tokio::select! {
+                _ = session.notifications.recv() => {}
+                () = tokio::time::sleep(timeout) => {}
+                () = stop.cancelled() => {}
+            }
+            while session.notifications.try_recv().is_ok() {}
+            if let Err(error) = query(
+                &session.client,
+                sql::STOP_SLEEPING,
+                &[(&self.outbox, Type::TEXT)],
+            )
+            .await
+            {
+                tracing::warn!(outbox = %self.outbox, %error, "LISTEN connection lost");
+                self.session = None;
+            }
+        } else {
+            // Something is due that the claim could not take (a key waiting behind a message
+            // that is retrying, or a claim of another relay in flight): look again shortly.
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                () = stop.cancelled() => {}
+            }
+        }
+    }
+
+    /// Registers the session as asleep (`inbox_sleep`); `false` when a message is due.
+    async fn sleep(&mut self) -> Result<bool, DbError> {
+        if self.session.is_none() {
+            let Some(config) = &self.config else {
+                return Ok(false);
+            };
+            self.session = Some(self.connect(config).await?);
+        }
+        let session = self.session.as_ref().expect("connected above");
+        match query(&session.client, sql::SLEEP, &[(&self.outbox, Type::TEXT)]).await {
+            Ok(rows) => Ok(rows[0].try_get(0)?),
+            // Publishes in flight kept the registration waiting: look at the outbox instead.
+            Err(error) if error.sqlstate() == Some("55P03") => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn connect(&self, config: &tokio_postgres::Config) -> Result<Session, DbError> {
+        let (client, mut connection) = config.connect(NoTls).await?;
+        let (notify, notifications) = mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(_)) => {
+                        if notify.send(()).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        let rows = query(&client, sql::CHANNEL, &[(&self.outbox, Type::TEXT)]).await?;
+        let channel: String = rows[0].try_get(0)?;
+        client
+            .batch_execute(&format!(
+                "SET lock_timeout = '1s'; LISTEN \"{}\"",
+                channel.replace('"', "\"\"")
+            ))
+            .await?;
+        Ok(Session {
+            client,
+            notifications,
+            driver,
+        })
+    }
+}
