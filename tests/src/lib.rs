@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
+pub mod nats;
 mod pgbouncer;
+pub use nats::NatsServer;
 pub use pgbouncer::PgBouncer;
 
 /// The environment variable naming the test database.
@@ -190,4 +192,12 @@ fn unique_schema_name() -> String {
     hasher.write_u64(counter);
     let random = hasher.finish() & 0xff_ffff;
     format!("t_{}_{counter}_{random:06x}", std::process::id())
+}
+
+/// A loopback port free at the moment of the call (for a server a test starts).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("find a free port")
 }

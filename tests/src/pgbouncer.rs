@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +56,7 @@ impl PgBouncer {
         let server_port = config.get_ports().first().copied().unwrap_or(5432);
         let user = config.get_user().unwrap_or("postgres").to_owned();
         let dbname = config.get_dbname().unwrap_or("postgres").to_owned();
-        let port = free_port();
+        let port = crate::free_port();
 
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -236,12 +236,4 @@ fn running_as_root() -> bool {
         .arg("-u")
         .output()
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-}
-
-/// A loopback port nothing listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("find a free port")
 }
