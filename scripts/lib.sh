@@ -18,9 +18,94 @@ PGRX_VERSION=0.18.1
 # Each banner shows the seconds since the script began, so a slow step shows in any log.
 banner() { printf '\n\033[1m==== %s ==== [%ss]\033[0m\n' "$*" "$SECONDS"; }
 
+# Stage timings for the table that timing_table prints: each row is "seconds<TAB>status<TAB>name".
+_stage_rows=()
+_stage_name=""
+_stage_start=0
+
+# stage NAME: a banner that also starts the timing of stage NAME and ends the previous one's.
+stage() {
+  _stage_close ok
+  banner "$1"
+  _stage_name=$1
+  _stage_start=$SECONDS
+}
+_stage_close() {
+  [[ -n "$_stage_name" ]] && _stage_rows+=("$((SECONDS - _stage_start))	$1	$_stage_name")
+  _stage_name=""
+}
+
+# timing_table STATUS: ends the current stage (failed unless STATUS is 0) and prints every
+# stage's seconds and the total. Meant for on_exit, so that a failed run shows it too.
+timing_table() {
+  local row secs status name
+  if (($1)); then _stage_close FAILED; else _stage_close ok; fi
+  printf '\n%7s  %-6s  %s\n' seconds status stage
+  for row in "${_stage_rows[@]}"; do
+    IFS=$'\t' read -r secs status name <<<"$row"
+    printf '%7s  %-6s  %s\n' "$secs" "$status" "$name"
+  done
+  printf '%7s  %-6s  %s\n' "$SECONDS" "" "total"
+}
+
+# Stages run side by side: parallel NAME LOG CMD... starts CMD in the background with its output
+# in LOG; wait_parallel waits for all of them, prints each log in the order they were started and
+# fails, naming the stages that did, if any did. Each command runs under set -e of its own.
+_parallel_names=()
+_parallel_logs=()
+_parallel_pids=()
+parallel() {
+  local name=$1 log=$2
+  shift 2
+  echo "started in the background: $name (log: $log)"
+  ((${#_parallel_pids[@]})) || on_exit _kill_parallel
+  rm -f "$log.status"
+  # Its own process group (set -m), so that an interrupted run can stop all of it.
+  set -m
+  {
+    set +e
+    t0=$SECONDS
+    (
+      set -e
+      "$@"
+    ) >"$log" 2>&1
+    echo "$? $((SECONDS - t0))" >"$log.status"
+  } &
+  set +m
+  _parallel_names+=("$name")
+  _parallel_logs+=("$log")
+  _parallel_pids+=("$!")
+}
+_kill_parallel() {
+  local pid
+  for pid in "${_parallel_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  for pid in "${_parallel_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+wait_parallel() {
+  local i status secs failed=()
+  for i in "${!_parallel_pids[@]}"; do
+    wait "${_parallel_pids[i]}" || true
+    read -r status secs <"${_parallel_logs[i]}.status" 2>/dev/null || status=1 secs=?
+    banner "${_parallel_names[i]}: output (${secs}s, exit status $status)"
+    cat "${_parallel_logs[i]}"
+    if ((status)); then
+      failed+=("${_parallel_names[i]}")
+      _stage_rows+=("$secs	FAILED	  ${_parallel_names[i]}")
+    else
+      _stage_rows+=("$secs	ok	  ${_parallel_names[i]}")
+    fi
+  done
+  _parallel_names=() _parallel_logs=() _parallel_pids=()
+  if ((${#failed[@]})); then
+    printf '\nFAILED: %s (output above)\n' "${failed[@]}" >&2
+    return 1
+  fi
+}
+
 # Cleanup commands run in reverse order when the script exits, also on failure or Ctrl-C.
 _on_exit_cmds=()
 _run_on_exit() {
+  _exit_status=$?  # the script's, for cleanup commands that report it (timing_table)
   local i
   for ((i = ${#_on_exit_cmds[@]} - 1; i >= 0; i--)); do eval "${_on_exit_cmds[i]}" || true; done
 }
@@ -36,7 +121,8 @@ as_postgres() { (cd / && sudo -u postgres -- "$@"); }
 ensure_toolchain() {
   local pkg missing=()
   # pgbouncer: the connection pooler tests start one in transaction mode (they fail without it).
-  for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo pgbouncer; do
+  # nats-server: the outbox tests and fault case start one with JetStream (they fail without it).
+  for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo pgbouncer nats-server; do
     dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
@@ -52,11 +138,14 @@ ensure_toolchain() {
   fi
 }
 
-# Builds the extension from the current sources (cargo rebuilds what changed) and installs it
-# into Debian's PostgreSQL 15.
+# install_extension [PROFILE]: builds the extension from the current sources (cargo rebuilds what
+# changed) with cargo profile PROFILE (default release) and installs it into Debian's
+# PostgreSQL 15. The tests install the ci profile's build: the release profile's fat LTO takes
+# minutes and buys the tests nothing.
 install_extension() {
+  local profile=${1:-release}
   retire_installed_library
-  (cd "$REPO_ROOT/extension" && cargo pgrx install --release --pg-config "$PG_CONFIG")
+  (cd "$REPO_ROOT/extension" && cargo pgrx install --profile "$profile" --pg-config "$PG_CONFIG")
   # The install scripts of earlier releases (cargo pgrx installs only the upgrade scripts), so that
   # a database can be created at an earlier version where its library is installed too.
   local script

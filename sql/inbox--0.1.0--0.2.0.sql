@@ -46,6 +46,550 @@ CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
     USING (pg_catalog.has_table_privilege(queue, 'INSERT')
            OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
+CREATE TABLE IF NOT EXISTS inbox_relays (
+    outbox pg_catalog.regclass PRIMARY KEY,
+    relay pg_catalog.text NOT NULL,
+    token pg_catalog.int8 NOT NULL,
+    leased_until pg_catalog.timestamptz NOT NULL,
+    since pg_catalog.timestamptz NOT NULL,
+    sent pg_catalog.int8 NOT NULL DEFAULT 0,
+    duplicates pg_catalog.int8 NOT NULL DEFAULT 0,
+    failures pg_catalog.int8 NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE inbox_relays IS
+    'The relay lease of each outbox (inbox_relay_claim) and the counts of what it sent.';
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_relays TO PUBLIC;
+ALTER TABLE inbox_relays ENABLE ROW LEVEL SECURITY;
+DO $policies$
+DECLARE
+    policy pg_catalog.text;
+BEGIN
+    FOREACH policy IN ARRAY ARRAY['inbox_relays_read', 'inbox_relays_relay',
+                                  'inbox_relays_lease', 'inbox_relays_remove'] LOOP
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy
+                    WHERE polrelid = 'inbox_relays'::pg_catalog.regclass AND polname = policy) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_relays', policy);
+        END IF;
+    END LOOP;
+END
+$policies$;
+CREATE POLICY inbox_relays_read ON inbox_relays FOR SELECT
+    USING (pg_catalog.has_table_privilege(outbox, 'SELECT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = outbox::pg_catalog.oid));
+CREATE POLICY inbox_relays_relay ON inbox_relays FOR INSERT
+    WITH CHECK (pg_catalog.has_table_privilege(outbox, 'UPDATE, DELETE'));
+CREATE POLICY inbox_relays_lease ON inbox_relays FOR UPDATE
+    USING (pg_catalog.has_table_privilege(outbox, 'UPDATE, DELETE'));
+CREATE POLICY inbox_relays_remove ON inbox_relays FOR DELETE
+    USING (pg_catalog.has_table_privilege(outbox, 'UPDATE, DELETE')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = outbox::pg_catalog.oid));
+
+CREATE OR REPLACE FUNCTION inbox_create_outbox(name pg_catalog.text) RETURNS pg_catalog.regclass
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
+DECLARE
+    parts pg_catalog.text[];
+    part pg_catalog.text;
+    qualified pg_catalog.text;
+    existing pg_catalog.regclass;
+BEGIN
+    IF name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'name must not be NULL';
+    END IF;
+    BEGIN
+        parts := pg_catalog.parse_ident(name);
+    EXCEPTION WHEN invalid_parameter_value THEN
+        RAISE EXCEPTION USING ERRCODE = '42602', MESSAGE = pg_catalog.format('invalid name: %s', name);
+    END;
+    IF pg_catalog.cardinality(parts) > 2 THEN
+        RAISE EXCEPTION USING ERRCODE = '42602',
+            MESSAGE = pg_catalog.format('invalid name: %s (at most schema.name)', name);
+    END IF;
+    FOREACH part IN ARRAY parts LOOP
+        IF pg_catalog.octet_length(part) > 63 THEN
+            RAISE EXCEPTION USING ERRCODE = '42622',
+                MESSAGE = pg_catalog.format('name too long: "%s" has more than 63 bytes', part);
+        END IF;
+    END LOOP;
+    SELECT pg_catalog.string_agg(pg_catalog.quote_ident(p), '.') INTO qualified
+      FROM pg_catalog.unnest(parts) AS p;
+    existing := pg_catalog.to_regclass(qualified);
+    IF existing IS NULL THEN
+        EXECUTE pg_catalog.format(
+            'CREATE TABLE %s ( '
+            '    id pg_catalog.int8 GENERATED ALWAYS AS IDENTITY PRIMARY KEY, '
+            '    subject pg_catalog.text NOT NULL, '
+            '    ordering_key pg_catalog.text, '
+            '    payload pg_catalog.bytea NOT NULL, '
+            '    headers pg_catalog.jsonb, '
+            '    published_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), '
+            '    attempt pg_catalog.int4 NOT NULL DEFAULT 0, '
+            '    locked_until pg_catalog.timestamptz NOT NULL DEFAULT ''-infinity'', '
+            '    leased_at pg_catalog.timestamptz, '
+            '    token pg_catalog.int8, '
+            '    last_error pg_catalog.text, '
+            '    dead_at pg_catalog.timestamptz '
+            ') WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, '
+            '        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, '
+            '        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05)', qualified);
+        EXECUTE pg_catalog.format('CREATE INDEX ON %s (id) WHERE dead_at IS NULL', qualified);
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX ON %s (ordering_key, id) WHERE ordering_key IS NOT NULL AND dead_at IS NULL',
+            qualified);
+        EXECUTE pg_catalog.format('CREATE INDEX ON %s (dead_at, id) WHERE dead_at IS NOT NULL', qualified);
+        existing := qualified::pg_catalog.regclass;
+    END IF;
+    DECLARE
+        wanted record;
+        actual pg_catalog.regtype;
+    BEGIN
+        FOR wanted IN VALUES ('id'::pg_catalog.text, 'pg_catalog.int8'::pg_catalog.regtype),
+                             ('subject', 'pg_catalog.text'), ('ordering_key', 'pg_catalog.text'),
+                             ('payload', 'pg_catalog.bytea'), ('headers', 'pg_catalog.jsonb'),
+                             ('published_at', 'pg_catalog.timestamptz'), ('attempt', 'pg_catalog.int4'),
+                             ('locked_until', 'pg_catalog.timestamptz'), ('leased_at', 'pg_catalog.timestamptz'),
+                             ('token', 'pg_catalog.int8'), ('last_error', 'pg_catalog.text'),
+                             ('dead_at', 'pg_catalog.timestamptz') LOOP
+            SELECT a.atttypid::pg_catalog.regtype INTO actual FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid = existing AND a.attname OPERATOR(pg_catalog.=) wanted.column1
+               AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = '42703', MESSAGE = pg_catalog.format(
+                    '%s is not an outbox: it has no column "%s"', existing, wanted.column1);
+            ELSIF actual OPERATOR(pg_catalog.<>) wanted.column2 THEN
+                RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = pg_catalog.format(
+                    '%s is not an outbox: column "%s" is %s, not %s',
+                    existing, wanted.column1, actual, wanted.column2);
+            END IF;
+        END LOOP;
+    END;
+    RETURN existing;
+END
+$$;
+COMMENT ON FUNCTION inbox_create_outbox(pg_catalog.text) IS
+    'Creates the outbox table (or returns an existing one of the outbox''s shape).';
+
+CREATE OR REPLACE FUNCTION inbox__required(value anyelement, argument pg_catalog.text) RETURNS anyelement
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
+    END IF;
+    RETURN value;
+END
+$$;
+COMMENT ON FUNCTION inbox__required(anyelement, pg_catalog.text) IS
+    'The value, or 22004 naming the argument when it is NULL.';
+
+CREATE OR REPLACE FUNCTION inbox_publish_bytes(outbox pg_catalog.regclass, subject pg_catalog.text,
+                                               payload pg_catalog.bytea, key pg_catalog.text DEFAULT NULL,
+                                               headers pg_catalog.jsonb DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    id pg_catalog.int8;
+    table_oid pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'),
+            @extschema@.inbox__required(subject, 'subject'),
+            @extschema@.inbox__required(payload, 'payload');
+    IF subject = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'subject must not be empty';
+    END IF;
+    IF headers IS NOT NULL AND (pg_catalog.jsonb_typeof(headers) <> 'object' OR EXISTS (
+            SELECT FROM pg_catalog.jsonb_each(headers) AS h
+             WHERE pg_catalog.jsonb_typeof(h.value) <> 'string'
+               AND (pg_catalog.jsonb_typeof(h.value) <> 'array' OR EXISTS (
+                    SELECT FROM pg_catalog.jsonb_array_elements(h.value) AS v
+                     WHERE pg_catalog.jsonb_typeof(v) <> 'string')))) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'headers must be a JSON object of strings or arrays of strings';
+    END IF;
+    IF key IS NOT NULL THEN
+        table_oid := outbox::pg_catalog.oid::pg_catalog.int8;
+        PERFORM pg_catalog.pg_advisory_xact_lock(
+            (table_oid - CASE WHEN table_oid > 2147483647 THEN 4294967296 ELSE 0 END)::pg_catalog.int4,
+            pg_catalog.hashtext(key) | 1);
+    END IF;
+    EXECUTE pg_catalog.format(
+        'INSERT INTO %s (subject, ordering_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',
+        outbox) INTO id USING subject, key, payload, headers;
+    PERFORM @extschema@.inbox_notify(outbox);
+    RETURN id;
+END
+$$;
+COMMENT ON FUNCTION inbox_publish_bytes(pg_catalog.regclass, pg_catalog.text, pg_catalog.bytea, pg_catalog.text, pg_catalog.jsonb) IS
+    'Records a message (bytes) in the outbox inside the caller''s transaction; returns its id.';
+
+CREATE OR REPLACE FUNCTION inbox_publish(outbox pg_catalog.regclass, subject pg_catalog.text,
+                                         payload pg_catalog.jsonb, key pg_catalog.text DEFAULT NULL,
+                                         headers pg_catalog.jsonb DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN @extschema@.inbox_publish_bytes(
+        outbox, subject,
+        pg_catalog.convert_to(@extschema@.inbox__required(payload, 'payload')::pg_catalog.text, 'UTF8'),
+        key, headers);
+END
+$$;
+COMMENT ON FUNCTION inbox_publish(pg_catalog.regclass, pg_catalog.text, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb) IS
+    'Records a message (JSON, sent as its UTF-8 text) in the outbox inside the caller''s transaction; returns its id.';
+
+CREATE OR REPLACE FUNCTION inbox_relay_claim(outbox pg_catalog.regclass, relay pg_catalog.text,
+                                             max pg_catalog.int4 DEFAULT 100,
+                                             lease pg_catalog.interval DEFAULT '30 seconds')
+RETURNS TABLE(id pg_catalog.int8, token pg_catalog.int8, attempt pg_catalog.int4, subject pg_catalog.text,
+              key pg_catalog.text, payload pg_catalog.bytea, headers pg_catalog.jsonb,
+              published_at pg_catalog.timestamptz)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+    claim_token pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'),
+            @extschema@.inbox__required(relay, 'relay'),
+            @extschema@.inbox__required(max, 'max'),
+            @extschema@.inbox__required(lease, 'lease');
+    IF relay = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'relay must not be empty';
+    ELSIF max < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('max must be at least 1, not %s', max);
+    ELSIF lease <= '0'::pg_catalog.interval OR NOT pg_catalog.isfinite(lease) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('lease must be positive, not %s', lease);
+    END IF;
+    UPDATE @extschema@.inbox_relays r
+       SET relay = inbox_relay_claim.relay, token = r.token + 1, leased_until = at + lease,
+           since = CASE WHEN r.relay = inbox_relay_claim.relay AND r.leased_until > at THEN r.since ELSE at END
+     WHERE r.outbox = inbox_relay_claim.outbox
+       AND (r.relay = inbox_relay_claim.relay OR r.leased_until <= at)
+    RETURNING r.token INTO claim_token;
+    IF NOT FOUND THEN
+        INSERT INTO @extschema@.inbox_relays AS r (outbox, relay, token, leased_until, since)
+        VALUES (inbox_relay_claim.outbox, inbox_relay_claim.relay, 1, at + lease, at)
+        ON CONFLICT (outbox) DO NOTHING
+        RETURNING r.token INTO claim_token;
+        IF NOT FOUND THEN
+            RETURN;  -- another relay holds the lease
+        END IF;
+    END IF;
+    RETURN QUERY EXECUTE pg_catalog.format($claim$
+        WITH picked AS (
+            SELECT m.id FROM %1$s m
+             WHERE m.dead_at IS NULL AND m.locked_until <= $2
+               AND (m.ordering_key IS NULL OR NOT EXISTS (
+                    SELECT FROM %1$s e
+                     WHERE e.ordering_key = m.ordering_key AND e.dead_at IS NULL AND e.id < m.id))
+             ORDER BY m.id
+             LIMIT $4
+             FOR UPDATE OF m SKIP LOCKED),
+        claimed AS (
+            UPDATE %1$s o SET attempt = o.attempt + 1, locked_until = $3, leased_at = $2, token = $1
+              FROM picked WHERE o.id = picked.id
+            RETURNING o.id, o.token, o.attempt, o.subject, o.ordering_key, o.payload, o.headers,
+                      o.published_at)
+        SELECT * FROM claimed ORDER BY id
+        $claim$, outbox) USING claim_token, at, at + lease, max;
+END
+$$;
+COMMENT ON FUNCTION inbox_relay_claim(pg_catalog.regclass, pg_catalog.text, pg_catalog.int4, pg_catalog.interval) IS
+    'Takes or renews the outbox''s relay lease and claims due messages, each key''s head only; nothing while another relay holds the lease.';
+
+CREATE OR REPLACE FUNCTION inbox_relay_sent(outbox pg_catalog.regclass, token pg_catalog.int8,
+                                            ids pg_catalog.int8[], duplicates pg_catalog.int4 DEFAULT 0)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    deleted pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'),
+            @extschema@.inbox__required(token, 'token'),
+            @extschema@.inbox__required(ids, 'ids');
+    IF coalesce(duplicates, -1) < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'duplicates must be 0 or more';
+    END IF;
+    EXECUTE pg_catalog.format(
+        'DELETE FROM %s WHERE id = ANY ($1) AND token = $2 AND dead_at IS NULL', outbox)
+      USING ids, token;
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    IF deleted > 0 THEN
+        UPDATE @extschema@.inbox_relays r
+           SET sent = r.sent + deleted, duplicates = r.duplicates + least(inbox_relay_sent.duplicates, deleted)
+         WHERE r.outbox = inbox_relay_sent.outbox;
+    END IF;
+    RETURN deleted;
+END
+$$;
+COMMENT ON FUNCTION inbox_relay_sent(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int8[], pg_catalog.int4) IS
+    'Deletes the published messages still held by the claim of `token`; returns how many.';
+
+CREATE OR REPLACE FUNCTION inbox_relay_failed(outbox pg_catalog.regclass, token pg_catalog.int8,
+                                              ids pg_catalog.int8[], errors pg_catalog.text[],
+                                              max_attempts pg_catalog.int4 DEFAULT 10,
+                                              delay pg_catalog.interval DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    recorded pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'),
+            @extschema@.inbox__required(token, 'token'),
+            @extschema@.inbox__required(ids, 'ids'),
+            @extschema@.inbox__required(errors, 'errors'),
+            @extschema@.inbox__required(max_attempts, 'max_attempts');
+    IF pg_catalog.cardinality(ids) <> pg_catalog.cardinality(errors) THEN
+        RAISE EXCEPTION USING ERRCODE = '2202E', MESSAGE = pg_catalog.format(
+            'ids and errors must have the same length (%s and %s)',
+            pg_catalog.cardinality(ids), pg_catalog.cardinality(errors));
+    ELSIF max_attempts < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('max_attempts must be at least 1, not %s', max_attempts);
+    ELSIF delay < '0'::pg_catalog.interval OR NOT pg_catalog.isfinite(delay) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('delay must not be negative, not %s', delay);
+    END IF;
+    EXECUTE pg_catalog.format($failed$
+        UPDATE %s o
+           SET last_error = f.error, leased_at = NULL,
+               dead_at = CASE WHEN o.attempt >= $3 THEN $5 END,
+               locked_until = CASE WHEN o.attempt >= $3 THEN 'infinity'::pg_catalog.timestamptz
+                                   ELSE $5 + coalesce($4, least(
+                                       '1 second'::pg_catalog.interval
+                                           * pg_catalog.power(2, least(greatest(o.attempt, 1), 20) - 1),
+                                       '5 minutes'::pg_catalog.interval)) END
+          FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($6)) AS f(id, error)
+         WHERE o.id = f.id AND o.token = $2 AND o.dead_at IS NULL AND o.leased_at IS NOT NULL
+        $failed$, outbox)
+      USING ids, token, max_attempts, delay, pg_catalog.clock_timestamp(), errors;
+    GET DIAGNOSTICS recorded = ROW_COUNT;
+    IF recorded > 0 THEN
+        UPDATE @extschema@.inbox_relays r SET failures = r.failures + recorded
+         WHERE r.outbox = inbox_relay_failed.outbox;
+    END IF;
+    RETURN recorded;
+END
+$$;
+COMMENT ON FUNCTION inbox_relay_failed(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int8[], pg_catalog.text[], pg_catalog.int4, pg_catalog.interval) IS
+    'Records failed publishes: a retry after a backoff, or the dead letter after max_attempts; returns how many messages were still the claim''s.';
+
+CREATE OR REPLACE FUNCTION inbox_relay_release(outbox pg_catalog.regclass, relay pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'),
+            @extschema@.inbox__required(relay, 'relay');
+    UPDATE @extschema@.inbox_relays r SET leased_until = at
+     WHERE r.outbox = inbox_relay_release.outbox AND r.relay = inbox_relay_release.relay
+       AND r.leased_until > at;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    EXECUTE pg_catalog.format(
+        'UPDATE %s SET locked_until = $1, leased_at = NULL '
+        ' WHERE leased_at IS NOT NULL AND locked_until > $1 AND dead_at IS NULL', outbox) USING at;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION inbox_relay_release(pg_catalog.regclass, pg_catalog.text) IS
+    'Gives up the relay''s lease of the outbox; its claimed messages are due again.';
+
+CREATE OR REPLACE FUNCTION inbox__outbox_state(dead_at pg_catalog.timestamptz, leased_at pg_catalog.timestamptz,
+                                              locked_until pg_catalog.timestamptz, at pg_catalog.timestamptz)
+RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN dead_at IS NOT NULL THEN 'dead'
+            WHEN locked_until OPERATOR(pg_catalog.<=) at THEN 'pending'
+            WHEN leased_at IS NOT NULL THEN 'sending'
+            ELSE 'retrying' END;
+COMMENT ON FUNCTION inbox__outbox_state(pg_catalog.timestamptz, pg_catalog.timestamptz, pg_catalog.timestamptz, pg_catalog.timestamptz) IS
+    'A message''s state at `at`: pending, sending, retrying or dead.';
+
+CREATE OR REPLACE FUNCTION inbox__outbox_messages(outbox pg_catalog.regclass, wanted pg_catalog.text,
+                                                  max pg_catalog.int4)
+RETURNS TABLE(id pg_catalog.int8, state pg_catalog.text, subject pg_catalog.text, key pg_catalog.text,
+              attempt pg_catalog.int4, published_at pg_catalog.timestamptz, due pg_catalog.timestamptz,
+              last_error pg_catalog.text, payload pg_catalog.bytea, headers pg_catalog.jsonb)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'),
+            @extschema@.inbox__required(max, 'max');
+    IF max < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('max must be at least 1, not %s', max);
+    ELSIF wanted NOT IN ('pending', 'sending', 'retrying', 'dead') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format(
+            'state must be pending, sending, retrying or dead, not %s', wanted);
+    END IF;
+    RETURN QUERY EXECUTE pg_catalog.format($list$
+        SELECT * FROM (
+            SELECT m.id, @extschema@.inbox__outbox_state(m.dead_at, m.leased_at, m.locked_until, $2) AS state,
+                   m.subject, m.ordering_key, m.attempt, m.published_at,
+                   CASE WHEN m.dead_at IS NULL THEN greatest(m.locked_until, m.published_at) END,
+                   m.last_error, m.payload, m.headers
+              FROM %s m
+             WHERE $1 IS NULL OR ($1 = 'dead') = (m.dead_at IS NOT NULL)
+             ORDER BY m.id) AS listed
+         WHERE $1 IS NULL OR listed.state = $1
+         LIMIT $3
+        $list$, outbox) USING wanted, pg_catalog.clock_timestamp(), max;
+END
+$$;
+SET LOCAL check_function_bodies = off;
+CREATE OR REPLACE FUNCTION inbox_outbox_messages(outbox pg_catalog.regclass, state pg_catalog.text DEFAULT NULL,
+                                                 max pg_catalog.int4 DEFAULT 100)
+RETURNS TABLE(id pg_catalog.int8, state pg_catalog.text, subject pg_catalog.text, key pg_catalog.text,
+              attempt pg_catalog.int4, published_at pg_catalog.timestamptz, due pg_catalog.timestamptz,
+              last_error pg_catalog.text, payload pg_catalog.bytea, headers pg_catalog.jsonb)
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT * FROM @extschema@.inbox__outbox_messages(outbox, state, max) $$;
+SET LOCAL check_function_bodies = on;
+COMMENT ON FUNCTION inbox_outbox_messages(pg_catalog.regclass, pg_catalog.text, pg_catalog.int4) IS
+    'The outbox''s messages in id order (all, or those of one state), at most max.';
+
+CREATE OR REPLACE FUNCTION inbox_outbox_requeue(outbox pg_catalog.regclass, id pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    requeued pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'), @extschema@.inbox__required(id, 'id');
+    EXECUTE pg_catalog.format(
+        'UPDATE %s SET dead_at = NULL, locked_until = ''-infinity'', attempt = 0, leased_at = NULL, '
+        '       token = NULL WHERE id = $1 AND dead_at IS NOT NULL', outbox) USING id;
+    GET DIAGNOSTICS requeued = ROW_COUNT;
+    IF requeued > 0 THEN
+        PERFORM @extschema@.inbox_notify(outbox);
+    END IF;
+    RETURN requeued > 0;
+END
+$$;
+COMMENT ON FUNCTION inbox_outbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
+    'Sends a dead message again, its attempts counted from zero; whether it was dead.';
+
+CREATE OR REPLACE FUNCTION inbox_outbox_requeue_dead(outbox pg_catalog.regclass, max pg_catalog.int4 DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    requeued pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox');
+    IF max < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('max must be at least 1, not %s', max);
+    END IF;
+    EXECUTE pg_catalog.format(
+        'UPDATE %1$s SET dead_at = NULL, locked_until = ''-infinity'', attempt = 0, leased_at = NULL, token = NULL '
+        ' WHERE id IN (SELECT id FROM %1$s WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT $1 '
+        '              FOR UPDATE SKIP LOCKED)', outbox) USING max;
+    GET DIAGNOSTICS requeued = ROW_COUNT;
+    IF requeued > 0 THEN
+        PERFORM @extschema@.inbox_notify(outbox);
+    END IF;
+    RETURN requeued;
+END
+$$;
+COMMENT ON FUNCTION inbox_outbox_requeue_dead(pg_catalog.regclass, pg_catalog.int4) IS
+    'Sends the dead messages again, oldest first (all, or at most max); returns how many.';
+
+CREATE OR REPLACE FUNCTION inbox_outbox_discard(outbox pg_catalog.regclass, id pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    discarded pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox'), @extschema@.inbox__required(id, 'id');
+    EXECUTE pg_catalog.format('DELETE FROM %s WHERE id = $1 AND dead_at IS NOT NULL', outbox) USING id;
+    GET DIAGNOSTICS discarded = ROW_COUNT;
+    RETURN discarded > 0;
+END
+$$;
+COMMENT ON FUNCTION inbox_outbox_discard(pg_catalog.regclass, pg_catalog.int8) IS
+    'Deletes a dead message; whether it was dead.';
+
+CREATE OR REPLACE FUNCTION inbox_outbox_stats(outbox pg_catalog.regclass)
+RETURNS TABLE(pending pg_catalog.int8, sending pg_catalog.int8, retrying pg_catalog.int8, dead pg_catalog.int8,
+              oldest_unsent_age pg_catalog.interval, sent pg_catalog.int8, duplicates pg_catalog.int8,
+              failures pg_catalog.int8, relay pg_catalog.text, relay_lease_until pg_catalog.timestamptz,
+              oldest_publisher_age pg_catalog.interval)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox');
+    EXECUTE pg_catalog.format($counts$
+        SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'sending'),
+               count(*) FILTER (WHERE state = 'retrying'), count(*) FILTER (WHERE state = 'dead'),
+               $1 - min(published_at) FILTER (WHERE state <> 'dead')
+          FROM (SELECT @extschema@.inbox__outbox_state(dead_at, leased_at, locked_until, $1) AS state,
+                       published_at FROM %s) AS m
+        $counts$, outbox) USING at
+      INTO pending, sending, retrying, dead, oldest_unsent_age;
+    SELECT r.sent, r.duplicates, r.failures, r.relay, r.leased_until
+      INTO sent, duplicates, failures, relay, relay_lease_until
+      FROM @extschema@.inbox_relays r WHERE r.outbox = inbox_outbox_stats.outbox;
+    sent := coalesce(sent, 0);
+    duplicates := coalesce(duplicates, 0);
+    failures := coalesce(failures, 0);
+    SELECT at - min(a.xact_start) INTO oldest_publisher_age
+      FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+       AND l.classid = outbox::pg_catalog.oid AND (l.objid::pg_catalog.int8 & 1) = 1;
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION inbox_outbox_stats(pg_catalog.regclass) IS
+    'The outbox''s messages by state, the age of the oldest unsent one, its relay and counts, and the age of the oldest transaction holding one of its keys.';
+
+CREATE OR REPLACE FUNCTION inbox_outboxes()
+RETURNS TABLE(outbox pg_catalog.regclass, pending pg_catalog.int8, sending pg_catalog.int8, retrying pg_catalog.int8,
+              dead pg_catalog.int8, oldest_unsent_age pg_catalog.interval, sent pg_catalog.int8,
+              duplicates pg_catalog.int8, failures pg_catalog.int8, relay pg_catalog.text,
+              relay_lease_until pg_catalog.timestamptz, oldest_publisher_age pg_catalog.interval)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    candidate record;
+BEGIN
+    FOR candidate IN
+        SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) AS name
+          FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+           AND n.nspname <> 'information_schema' AND n.nspname !~ '^pg_(catalog|toast)'
+           AND NOT pg_catalog.pg_is_other_temp_schema(n.oid)
+           AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+           AND pg_catalog.has_table_privilege(c.oid, 'SELECT')
+           AND 6 = (SELECT count(*) FROM pg_catalog.pg_attribute a
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND (a.attname, a.atttypid) IN (
+                           ('subject', 'pg_catalog.text'::pg_catalog.regtype),
+                           ('ordering_key', 'pg_catalog.text'::pg_catalog.regtype),
+                           ('payload', 'pg_catalog.bytea'::pg_catalog.regtype),
+                           ('locked_until', 'pg_catalog.timestamptz'::pg_catalog.regtype),
+                           ('leased_at', 'pg_catalog.timestamptz'::pg_catalog.regtype),
+                           ('dead_at', 'pg_catalog.timestamptz'::pg_catalog.regtype)))
+         ORDER BY n.nspname, c.relname
+    LOOP
+        BEGIN
+            EXECUTE pg_catalog.format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE NOWAIT', candidate.name);
+        EXCEPTION WHEN lock_not_available OR undefined_table OR invalid_schema_name THEN
+            CONTINUE;
+        END;
+        CONTINUE WHEN pg_catalog.to_regclass(candidate.name) IS DISTINCT FROM candidate.oid::pg_catalog.regclass;
+        outbox := candidate.oid::pg_catalog.regclass;
+        SELECT * INTO pending, sending, retrying, dead, oldest_unsent_age, sent, duplicates, failures,
+                      relay, relay_lease_until, oldest_publisher_age
+          FROM @extschema@.inbox_outbox_stats(outbox);
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION inbox_outboxes() IS
+    'Every outbox the caller may read, with the counts of inbox_outbox_stats.';
+
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
 
 CREATE OR REPLACE FUNCTION inbox_drop_schedules_of_dropped_tables() RETURNS event_trigger
@@ -55,6 +599,10 @@ BEGIN
      WHERE queue::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
                            WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
                              AND objsubid = 0);
+    DELETE FROM @extschema@.inbox_relays
+     WHERE outbox::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
+                            WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                              AND objsubid = 0);
 END
 $$;
 REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
@@ -290,6 +838,14 @@ STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_metrics_wrapper';
+
+CREATE OR REPLACE FUNCTION "inbox_notify"(
+	"queue" regclass /* Option < RegClass > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_notify_wrapper';
 
 CREATE OR REPLACE FUNCTION "inbox_purge"(
 	"ledger" regclass, /* Option < RegClass > */
