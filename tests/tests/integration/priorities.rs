@@ -1,8 +1,7 @@
 //! Priorities: leases and locks take due jobs by priority (higher first), then due time, then
 //! id, as an index scan even on a queue of a million jobs.
 
-#[path = "support/explain.rs"]
-mod explain;
+use crate::support::explain;
 
 use inbox_tests::TestDb;
 use tokio_postgres::error::SqlState;

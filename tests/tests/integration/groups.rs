@@ -3,8 +3,7 @@
 //! leases nothing; a dead head unblocks its group; enqueues racing the head's settlement (under
 //! READ COMMITTED and REPEATABLE READ) never leave a job stuck nor start a second head.
 
-#[path = "support/explain.rs"]
-mod explain;
+use crate::support::explain;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,3 @@
+//! Helpers that several modules of the integration tests share.
+
+pub mod explain;
