@@ -102,6 +102,18 @@ impl NatsServer {
         self.spawn();
     }
 
+    /// Stops the server as an operator would (SIGTERM, waiting for it to exit) and starts it
+    /// again on the same port and store.
+    pub fn restart_gracefully(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+        self.spawn();
+    }
+
     /// Kills the server (SIGKILL); [`restart`](Self::restart) brings it back.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -133,12 +145,26 @@ impl NatsServer {
     /// # Panics
     /// When JetStream refuses it.
     pub async fn create_stream(&self, name: &str, subjects: &[&str]) -> stream::Stream {
+        self.create_stream_with_window(name, subjects, Duration::from_secs(120))
+            .await
+    }
+
+    /// As [`create_stream`](Self::create_stream), dropping repeated message ids within `window`.
+    ///
+    /// # Panics
+    /// When JetStream refuses it.
+    pub async fn create_stream_with_window(
+        &self,
+        name: &str,
+        subjects: &[&str],
+        window: Duration,
+    ) -> stream::Stream {
         self.jetstream()
             .await
             .create_stream(stream::Config {
                 name: name.to_owned(),
                 subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
-                duplicate_window: Duration::from_secs(120),
+                duplicate_window: window,
                 ..Default::default()
             })
             .await

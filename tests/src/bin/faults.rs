@@ -5,6 +5,7 @@
 //! ```text
 //! faults [--full] [--cases 1,5,13] [--markdown PATH]
 //! faults child --url URL --schema S ...     (case 3's and case 8's worker process)
+//! faults relay --url URL --schema S --nats URL   (case 15's relay process)
 //! ```
 //!
 //! `INBOX_TEST_DATABASE_URL` names a database where `CREATE EXTENSION inbox` was run; cases that
@@ -40,6 +41,8 @@ mod c12;
 mod c13;
 #[path = "faults/cases/c14_search_path.rs"]
 mod c14;
+#[path = "faults/cases/c15_outbox_relay.rs"]
+mod c15;
 #[path = "faults/child.rs"]
 mod child;
 #[path = "faults/cluster.rs"]
@@ -48,6 +51,8 @@ mod cluster;
 mod common;
 #[path = "faults/proxy.rs"]
 mod proxy;
+#[path = "faults/relay_child.rs"]
+mod relay_child;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -100,6 +105,7 @@ fn cases() -> Vec<Case> {
         case!(12, c12, false, 900),
         case!(13, c13, true, 900),
         case!(14, c14, false, 300),
+        case!(15, c15, true, 900),
     ]
 }
 
@@ -107,6 +113,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("child") {
         std::process::exit(child::main(&args[1..]));
+    }
+    if args.first().map(String::as_str) == Some("relay") {
+        std::process::exit(relay_child::main(&args[1..]));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(8)
