@@ -5,9 +5,7 @@
 //! when they were separate binaries: a module's load tests never run beside another module's
 //! tests with a timing margin (the locks that keep them apart, such as `worker::LOAD`, are per
 //! module). One module alone: `cargo test --workspace --exclude inbox --profile ci --test
-//! integration -- worker::`. A new area of tests is a file here and a `mod` line below (the
-//! outbox's tests, `tests/tests/outbox.rs`, are still a binary of their own: moving them here is
-//! that file and `mod outbox;`).
+//! integration -- worker::`. A new area of tests is a file here and a `mod` line below.
 
 mod support;
 
@@ -19,6 +17,7 @@ mod docs_sql;
 mod extension_concurrency;
 mod groups;
 mod observe;
+mod outbox;
 mod pooler;
 mod priorities;
 mod schedules;
