@@ -63,6 +63,9 @@ parallel() {
   # Its own process group (set -m), so that an interrupted run can stop all of it.
   set -m
   {
+    # The caller's cleanups stay the caller's: the stage registers its own.
+    _on_exit_cmds=()
+    trap - EXIT
     set +e
     t0=$SECONDS
     (
@@ -82,7 +85,7 @@ _kill_parallel() {
   for pid in "${_parallel_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 wait_parallel() {
-  local i status secs failed=()
+  local i status secs failed=() rows=()
   for i in "${!_parallel_pids[@]}"; do
     wait "${_parallel_pids[i]}" || true
     read -r status secs <"${_parallel_logs[i]}.status" 2>/dev/null || status=1 secs=?
@@ -90,11 +93,14 @@ wait_parallel() {
     cat "${_parallel_logs[i]}"
     if ((status)); then
       failed+=("${_parallel_names[i]}")
-      _stage_rows+=("$secs	FAILED	  ${_parallel_names[i]}")
+      rows+=("$secs	FAILED	  ${_parallel_names[i]}")
     else
-      _stage_rows+=("$secs	ok	  ${_parallel_names[i]}")
+      rows+=("$secs	ok	  ${_parallel_names[i]}")
     fi
   done
+  # The stage that started them, then each of them, indented.
+  if ((${#failed[@]})); then _stage_close FAILED; else _stage_close ok; fi
+  _stage_rows+=("${rows[@]}")
   _parallel_names=() _parallel_logs=() _parallel_pids=()
   if ((${#failed[@]})); then
     printf '\nFAILED: %s (output above)\n' "${failed[@]}" >&2
@@ -121,8 +127,9 @@ as_postgres() { (cd / && sudo -u postgres -- "$@"); }
 ensure_toolchain() {
   local pkg missing=()
   # pgbouncer: the connection pooler tests start one in transaction mode (they fail without it).
+  # jq: scripts/lib.sh's workspace_tests reads the test targets from cargo metadata.
   # nats-server: the outbox tests and fault case start one with JetStream (they fail without it).
-  for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo pgbouncer nats-server; do
+  for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo pgbouncer jq nats-server; do
     dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
@@ -254,5 +261,49 @@ ensure_example_runtimes() {
     echo "installing ${missing[*]}"
     apt-get update
     DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+  fi
+}
+
+# The cargo arguments of every build and run of the workspace's tests (all but the extension's):
+# one package selection, so that every invocation resolves the same features and reuses one build
+# in target/ci (`-p inbox-tests` alone, say, resolves others and rebuilds most dependencies).
+CI_TESTS=(--workspace --exclude inbox --profile ci)
+
+# workspace_tests URL [--no-doc]: the workspace's unit, integration and doc tests against the
+# database at URL (built already by `cargo test "${CI_TESTS[@]}" --no-run`). A test binary made
+# of modules (tests/tests/<name>/main.rs) runs one module at a time, as when each module was a
+# binary of its own: the locks that keep a module's load tests apart from its timing-sensitive
+# ones do not reach other modules. --no-doc skips the doc tests, which use no database.
+workspace_tests() {
+  local url=$1 doc=1 targets row target src list module names
+  [[ "${2:-}" == --no-doc ]] && doc=0
+  export INBOX_TEST_DATABASE_URL=$url
+  cargo test "${CI_TESTS[@]}" --lib --bins
+  targets="$(cargo metadata --no-deps --format-version 1 |
+    jq -r '.packages[] | select(.name != "inbox") | .targets[]
+             | select(.kind == ["test"]) | [.name, .src_path] | @tsv')"
+  mapfile -t targets <<<"$targets"
+  for row in "${targets[@]}"; do
+    IFS=$'\t' read -r target src <<<"$row"
+    if [[ "$src" != */main.rs ]]; then
+      cargo test "${CI_TESTS[@]}" --test "$target"
+      continue
+    fi
+    list="$(cargo test "${CI_TESTS[@]}" --test "$target" -- --list --format terse)"
+    list="$(sed -n 's/: test$//p' <<<"$list")"
+    # Each module's tests, then those outside any module (named without "::").
+    for module in $(sed -n 's/::.*//p' <<<"$list" | sort -u) ""; do
+      if [[ -n "$module" ]]; then
+        mapfile -t names < <(grep "^$module::" <<<"$list")
+      else
+        mapfile -t names < <(grep -v "::" <<<"$list" || true)
+      fi
+      ((${#names[@]})) || continue
+      banner "$target: ${module:-(no module)}: ${#names[@]} tests"
+      cargo test "${CI_TESTS[@]}" --test "$target" -- --exact "${names[@]}"
+    done
+  done
+  if ((doc)); then
+    cargo test "${CI_TESTS[@]}" --doc
   fi
 }
