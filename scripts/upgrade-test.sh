@@ -8,7 +8,9 @@
 # database keeps working between installing the package and updating the extension.
 #
 # Usage: scripts/upgrade-test.sh DATABASE_URL_PREFIX   (a server URL without the database name)
-# The current version must be installed already (scripts/lib.sh's install_extension).
+#        scripts/upgrade-test.sh --build   (only builds the previous release, kept for next time)
+# The current version must be installed already (scripts/lib.sh's install_extension); its schema
+# is read from the ci profile's build, which scripts/test.sh installs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source-path=SCRIPTDIR/..
@@ -22,8 +24,43 @@ work="$(mktemp -d /tmp/inbox-upgrade.XXXXXX)"
 on_exit "rm -rf '$work'"
 psql_on() { psql -X -w -q -v ON_ERROR_STOP=1 -d "$server/$1" "${@:2}"; }
 
+# The previous release's library, built from its commit in a target directory of its own (the
+# crate's library has the same file name in every release), kept there with a stamp of the commit
+# so that later runs reuse it.
+previous_target="$REPO_ROOT/target/previous-release"
+previous_lib="$previous_target/inbox-$PREVIOUS.so"
+build_previous_release() {
+  if [[ -f "$previous_lib" && "$(cat "$previous_target/stamp" 2>/dev/null)" == "$PREVIOUS_COMMIT" ]]; then
+    echo "release $PREVIOUS: kept from an earlier run ($previous_lib)"
+    return
+  fi
+  if ! git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
+    echo "commit $PREVIOUS_COMMIT of release $PREVIOUS is not in this clone (fetch its history)" >&2
+    exit 1
+  fi
+  rm -rf "$work/src"
+  mkdir "$work/src"
+  # git archive dates the files at the commit: newer dates make cargo rebuild what they belong to.
+  git archive "$PREVIOUS_COMMIT" | tar -x -m -C "$work/src"
+  # Seeded with the dependencies of the current ci build, which it shares (built the way cargo pgrx
+  # builds, by cargo pgrx schema): only the extension crate is compiled.
+  if [[ ! -d "$previous_target/ci" && -d "$REPO_ROOT/target/ci/deps" ]]; then
+    mkdir -p "$previous_target/ci"
+    cp -a "$REPO_ROOT/target/ci/deps" "$REPO_ROOT/target/ci/build" \
+      "$REPO_ROOT/target/ci/.fingerprint" "$previous_target/ci/"
+  fi
+  (cd "$work/src/extension" && CARGO_TARGET_DIR="$previous_target" \
+    cargo pgrx schema pg15 --profile ci -o "$work/previous.sql")
+  cp "$previous_target/ci/libinbox.so" "$previous_lib"
+  echo "$PREVIOUS_COMMIT" >"$previous_target/stamp"
+}
+if [[ "$server" == --build ]]; then
+  build_previous_release
+  exit
+fi
+
 banner "upgrade: the script in sql/ is current"
-(cd extension && cargo pgrx schema pg15 -o "$work/inbox--$current.sql" >/dev/null 2>&1)
+(cd extension && cargo pgrx schema pg15 --profile ci -o "$work/inbox--$current.sql" >/dev/null 2>&1)
 python3 scripts/upgrade-script.py "sql/inbox--$PREVIOUS.sql" "$work/inbox--$current.sql" \
   >"$work/upgrade.sql"
 if ! diff -u "sql/inbox--$PREVIOUS--$current.sql" "$work/upgrade.sql"; then
@@ -33,25 +70,11 @@ if ! diff -u "sql/inbox--$PREVIOUS--$current.sql" "$work/upgrade.sql"; then
 fi
 
 banner "upgrade: build release $PREVIOUS from $PREVIOUS_COMMIT"
-if ! git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
-  echo "commit $PREVIOUS_COMMIT of release $PREVIOUS is not in this clone (fetch its history)" >&2
-  exit 1
-fi
-mkdir "$work/src"
-# git archive dates the files at the commit: newer dates make cargo rebuild what they belong to.
-git archive "$PREVIOUS_COMMIT" | tar -x -m -C "$work/src"
-# A target directory of its own (the crate has the same name and hash as the current one), seeded
-# with the current build's dependencies so that only the extension crate is compiled.
-previous_target="$REPO_ROOT/target/previous-release"
-if [[ ! -d "$previous_target/debug" && -d "$REPO_ROOT/target/debug" ]]; then
-  mkdir -p "$previous_target"
-  cp -a "$REPO_ROOT/target/debug" "$previous_target/"
-fi
-(cd "$work/src" && CARGO_TARGET_DIR="$previous_target" cargo build -q -p inbox --lib)
+build_previous_release
 pkglibdir="$("$PG_CONFIG" --pkglibdir)"
 sharedir="$("$PG_CONFIG" --sharedir)"
 [[ -f "$pkglibdir/inbox.so" ]] && mv -f "$pkglibdir/inbox.so" "$pkglibdir/inbox.so.retired"
-cp "$previous_target/debug/libinbox.so" "$pkglibdir/inbox.so"
+cp "$previous_lib" "$pkglibdir/inbox.so"
 cp "sql/inbox--$PREVIOUS.sql" "sql/inbox--$PREVIOUS--$current.sql" "$sharedir/extension/"
 
 banner "upgrade: a database of release $PREVIOUS"
