@@ -68,16 +68,24 @@ parallel() {
     trap - EXIT
     set +e
     t0=$SECONDS
+    _parallel_log=$log
+    rm -f "$log.parts"
     (
       set -e
       "$@"
     ) >"$log" 2>&1
-    echo "$? $((SECONDS - t0))" >"$log.status"
+    echo "$? $((SECONDS - t0)) $SECONDS" >"$log.status"
   } &
   set +m
   _parallel_names+=("$name")
   _parallel_logs+=("$log")
   _parallel_pids+=("$!")
+}
+# part NAME: inside a parallel stage, a banner that also starts the timing of part NAME of it (the
+# table shows each part's seconds under the stage).
+part() {
+  banner "$1"
+  [[ -z "${_parallel_log:-}" ]] || printf '%s\t%s\n' "$SECONDS" "$1" >>"$_parallel_log.parts"
 }
 _kill_parallel() {
   local pid
@@ -85,18 +93,29 @@ _kill_parallel() {
   for pid in "${_parallel_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 wait_parallel() {
-  local i status secs failed=() rows=()
+  local i status secs end failed=() rows=() parts=() j from name result
   for i in "${!_parallel_pids[@]}"; do
     wait "${_parallel_pids[i]}" || true
-    read -r status secs <"${_parallel_logs[i]}.status" 2>/dev/null || status=1 secs=?
+    read -r status secs end <"${_parallel_logs[i]}.status" 2>/dev/null || status=1 secs=? end=$SECONDS
     banner "${_parallel_names[i]}: output (${secs}s, exit status $status)"
     cat "${_parallel_logs[i]}"
+    result=ok
     if ((status)); then
       failed+=("${_parallel_names[i]}")
-      rows+=("$secs	FAILED	  ${_parallel_names[i]}")
-    else
-      rows+=("$secs	ok	  ${_parallel_names[i]}")
+      result=FAILED
     fi
+    rows+=("$secs	$result	  ${_parallel_names[i]}")
+    parts=()
+    [[ -f "${_parallel_logs[i]}.parts" ]] && mapfile -t parts <"${_parallel_logs[i]}.parts"
+    for j in "${!parts[@]}"; do
+      IFS=$'\t' read -r from name <<<"${parts[j]}"
+      if ((j + 1 < ${#parts[@]})); then
+        rows+=("$((${parts[j + 1]%%$'\t'*} - from))	ok	    $name")
+      else
+        # The last part ends with the stage, and failed if the stage did.
+        rows+=("$((end - from))	$result	    $name")
+      fi
+    done
   done
   # The stage that started them, then each of them, indented.
   if ((${#failed[@]})); then _stage_close FAILED; else _stage_close ok; fi

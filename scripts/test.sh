@@ -4,64 +4,126 @@
 # against a fresh database with the extension installed and again against one with the SQL-only
 # build (scripts/sql-only-test.sh checks that build first), the upgrade from the previous release,
 # then the fault suite (scripts/faults.sh).
+#
+#   ./scripts/test.sh [--quick]
+#
+# Stages that share neither a target directory nor a database run side by side, each with its
+# output in target/test-logs/, printed when it ends (in full, under its name, when it fails). A
+# table of each stage's seconds closes every run, a failed one too. --quick is the loop of
+# development: fmt, clippy and the integration tests on the pgrx build only.
 # Works from any directory; run as root (Postgres runs as user postgres).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source-path=SCRIPTDIR/..
 source scripts/lib.sh
 
-start=$SECONDS
-on_exit 'echo "total time: $((SECONDS - start))s"'
+quick=0
+case "${1:-}" in
+  "") ;;
+  --quick) quick=1 ;;
+  *)
+    echo "usage: $0 [--quick]" >&2
+    exit 2
+    ;;
+esac
 
-banner "toolchain"
+on_exit 'timing_table "$_exit_status"'
+logs="$REPO_ROOT/target/test-logs"
+mkdir -p "$logs"
+
+stage "toolchain"
 ensure_toolchain
 
-banner "cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
 
-banner "cargo clippy"
-cargo clippy --workspace --all-targets -- -D warnings
+# clippy, then the #[pg_test]s: one after the other in target/debug, where they share the build
+# scripts and proc macros of the dev profile (pgrx's bindings among them).
+clippy_and_pg_tests() {
+  part "cargo clippy"
+  cargo clippy --workspace --all-targets -- -D warnings
+  ((quick)) && return
+  part "cargo pgrx test pg15 (the extension's #[pg_test]s)"
+  local pgdata
+  pgdata="$(mktemp -d /tmp/inbox-pgrx-test.XXXXXX)"
+  on_exit "remove_pg_dir '$pgdata'" # also stops a cluster left by an interrupted run
+  chown postgres:postgres "$pgdata"
+  retire_installed_library # cargo pgrx test installs its own build of the library
+  # Its cluster always listens on port 28815: one run at a time on a machine.
+  (cd extension && flock /tmp/inbox-pgrx-test.lock \
+    cargo pgrx test pg15 --runas postgres --pgdata "$pgdata")
+}
 
-banner "cargo pgrx test pg15 (the extension's #[pg_test]s)"
-pgrx_pgdata="$(mktemp -d /tmp/inbox-pgrx-test.XXXXXX)"
-on_exit "remove_pg_dir '$pgrx_pgdata'"  # also stops a cluster left by an interrupted run
-chown postgres:postgres "$pgrx_pgdata"
-retire_installed_library  # cargo pgrx test installs its own build of the library
-# Its cluster always listens on port 28815: one run at a time on a machine.
-(cd extension && flock /tmp/inbox-pgrx-test.lock \
-  cargo pgrx test pg15 --runas postgres --pgdata "$pgrx_pgdata")
+# Everything of the ci profile in target/ci: the workspace's tests (the fault suite's binary with
+# them), then the extension as cargo pgrx install builds it (cargo pgrx schema makes that build
+# without installing, which cargo pgrx test does meanwhile), then the previous release for the
+# upgrade test (in its own target directory, seeded from target/ci).
+build_ci() {
+  part "cargo test --no-run (ci profile)"
+  cargo test "${CI_TESTS[@]}" --no-run
+  part "the extension (ci profile, by cargo pgrx schema)"
+  (cd extension && cargo pgrx schema pg15 --profile ci -o "$REPO_ROOT/target/ci/inbox-schema.sql")
+  if ((!quick)); then
+    part "the previous release (scripts/upgrade-test.sh --build)"
+    ./scripts/upgrade-test.sh --build
+  fi
+}
 
-banner "install the extension"
-install_extension
+stage "clippy and the #[pg_test]s beside the ci build"
+if ((quick)); then
+  parallel "cargo clippy" "$logs/clippy.log" clippy_and_pg_tests
+else
+  parallel "cargo clippy, cargo pgrx test pg15 (the extension's #[pg_test]s)" \
+    "$logs/clippy-pg-tests.log" clippy_and_pg_tests
+fi
+parallel "the ci build (tests, extension, previous release)" "$logs/build.log" build_ci
+wait_parallel
 
-banner "PostgreSQL for the integration tests"
+stage "install the extension (ci profile)"
+install_extension ci
+
+stage "PostgreSQL for the tests"
 ensure_postgres
 url="$(fresh_database inbox_test)"
+((quick)) || ensure_example_runtimes
 
-banner "the SQL tour (sql/tour.sql)"
+stage "the SQL tour (sql/tour.sql)"
 psql "$url" -X -q -v ON_ERROR_STOP=1 -f sql/tour.sql >/dev/null
 
-banner "cargo test (integration tests against $url)"
-INBOX_TEST_DATABASE_URL="$url" cargo test --workspace --exclude inbox --profile ci
+# The examples of both builds take turns: they install their drivers into one virtualenv and one
+# node_modules.
+examples() { DATABASE_URL="$1" flock "$logs/examples.lock" examples/run.sh; }
 
-banner "the Python and Node examples (examples/run.sh against $url)"
-ensure_example_runtimes
-DATABASE_URL="$url" examples/run.sh
+on_pgrx_build() {
+  part "cargo test (integration tests against $url)"
+  workspace_tests "$url"
+  part "the Python and Node examples (examples/run.sh against $url)"
+  examples "$url"
+}
 
-banner "the SQL-only build (scripts/sql-only-test.sh)"
-./scripts/sql-only-test.sh "$INBOX_PG_URL"
-sql_only_url="$INBOX_PG_URL/inbox_sql_only"
+on_sql_only_build() {
+  local sql_only_url="$INBOX_PG_URL/inbox_sql_only"
+  part "the SQL-only build (scripts/sql-only-test.sh)"
+  ./scripts/sql-only-test.sh "$INBOX_PG_URL"
+  part "cargo test on the SQL-only build (the same integration tests against $sql_only_url)"
+  # The doc tests use no database: the pgrx build's run has them.
+  workspace_tests "$sql_only_url" --no-doc
+  part "the Python and Node examples on the SQL-only build"
+  examples "$sql_only_url"
+}
 
-banner "cargo test on the SQL-only build (the same integration tests against $sql_only_url)"
-INBOX_TEST_DATABASE_URL="$sql_only_url" cargo test --workspace --exclude inbox --profile ci
-
-banner "the Python and Node examples on the SQL-only build"
-DATABASE_URL="$sql_only_url" examples/run.sh
-
-banner "the upgrade from the previous release (scripts/upgrade-test.sh)"
-./scripts/upgrade-test.sh "$INBOX_PG_URL"
-
-banner "the fault suite (scripts/faults.sh, docs/reliability.md)"
-./scripts/faults.sh --no-install
+if ((quick)); then
+  stage "cargo test (integration tests against $url)"
+  workspace_tests "$url"
+else
+  stage "the tests on both builds, the upgrade and the fault suite, side by side"
+  parallel "the tests on the pgrx build" "$logs/pgrx-build.log" on_pgrx_build
+  parallel "the tests on the SQL-only build" "$logs/sql-only-build.log" on_sql_only_build
+  parallel "the upgrade from the previous release (scripts/upgrade-test.sh)" "$logs/upgrade.log" \
+    ./scripts/upgrade-test.sh "$INBOX_PG_URL"
+  parallel "the fault suite (scripts/faults.sh, docs/reliability.md)" "$logs/faults.log" \
+    ./scripts/faults.sh --no-install
+  wait_parallel
+fi
 
 banner "all tests passed"
