@@ -13,9 +13,9 @@ use crate::output::{age, line, preview, table, Output};
 use crate::sql::{self, Sql};
 
 /// How many characters of a payload a table shows.
-const PREVIEW: usize = 48;
+pub const PREVIEW: usize = 48;
 
-/// Dead jobs requeued per transaction by `requeue --all`.
+/// Dead jobs (or messages) requeued per transaction by `requeue --all`.
 const REQUEUE_BATCH: i32 = 1_000;
 
 fn counts(row: &Row, first: usize) -> [i64; 4] {
@@ -268,12 +268,13 @@ pub async fn dead(db: &Db, out: &Output, queue: &str, limit: i32) -> Result<(), 
     Ok(())
 }
 
-/// Runs `statement` (queue, id) → boolean for each id; reports those it did not apply to.
-async fn each_dead_job(
+/// Runs `statement` (table, id) → boolean for each id; reports those it did not apply to. The
+/// table is a queue, or an outbox (`noun` names what its rows are: "job", "message").
+pub async fn each_dead(
     db: &Db,
     out: &Output,
     statement: &Sql,
-    queue: &str,
+    (queue, noun): (&str, &str),
     ids: &[i64],
     verb: &str,
 ) -> Result<(), CliError> {
@@ -295,7 +296,7 @@ async fn each_dead_job(
     value.insert(verb.to_owned(), json!(done));
     value.insert("not_dead".to_owned(), json!(missing));
     out.emit(Value::Object(value), || {
-        let mut text = format!("{verb} {} job(s)", done.len());
+        let mut text = format!("{verb} {} {noun}(s)", done.len());
         if !missing.is_empty() {
             text.push_str(&format!("; not dead (or gone): {missing:?}"));
         }
@@ -305,7 +306,7 @@ async fn each_dead_job(
         Ok(())
     } else {
         Err(CliError::NotFound(format!(
-            "{} of {} job(s) were not dead in {queue}",
+            "{} of {} {noun}(s) were not dead in {queue}",
             missing.len(),
             ids.len()
         )))
@@ -320,28 +321,34 @@ pub async fn requeue(
     all: bool,
 ) -> Result<(), CliError> {
     if !all {
-        return each_dead_job(db, out, &sql::REQUEUE, queue, ids, "requeued").await;
+        return each_dead(db, out, &sql::REQUEUE, (queue, "job"), ids, "requeued").await;
     }
-    let mut requeued: i64 = 0;
-    loop {
-        let batch: i64 = db
-            .one(&sql::REQUEUE_DEAD, &[&queue, &REQUEUE_BATCH])
-            .await?
-            .get::<_, Option<i64>>(0)
-            .unwrap_or(0);
-        requeued += batch;
-        if batch < REQUEUE_BATCH as i64 {
-            break;
-        }
-    }
+    let requeued = requeue_all(db, &sql::REQUEUE_DEAD, queue).await?;
     out.emit(json!({ "requeued": requeued }), || {
         format!("requeued {requeued} job(s)")
     });
     Ok(())
 }
 
+/// Runs `statement` (table, max) → how many were requeued until a batch comes back short, each
+/// call its own transaction; returns how many in all.
+pub async fn requeue_all(db: &Db, statement: &Sql, table: &str) -> Result<i64, CliError> {
+    let mut requeued: i64 = 0;
+    loop {
+        let batch: i64 = db
+            .one(statement, &[&table, &REQUEUE_BATCH])
+            .await?
+            .get::<_, Option<i64>>(0)
+            .unwrap_or(0);
+        requeued += batch;
+        if batch < REQUEUE_BATCH as i64 {
+            return Ok(requeued);
+        }
+    }
+}
+
 pub async fn discard(db: &Db, out: &Output, queue: &str, ids: &[i64]) -> Result<(), CliError> {
-    each_dead_job(db, out, &sql::DISCARD, queue, ids, "discarded").await
+    each_dead(db, out, &sql::DISCARD, (queue, "job"), ids, "discarded").await
 }
 
 /// When and where enqueued jobs run: due time, priority, ordered group (each `None` for the

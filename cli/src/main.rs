@@ -8,7 +8,9 @@ mod commands;
 mod db;
 mod error;
 mod metrics;
+mod outboxes;
 mod output;
+mod relay;
 mod sql;
 
 use std::process::ExitCode;
@@ -17,11 +19,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::CliError;
 
-/// Operate the job queues and dedup ledgers of the `inbox` PostgreSQL extension.
+/// Operate the job queues, dedup ledgers and outboxes of the `inbox` PostgreSQL extension.
 ///
 /// Exit codes: 0 success; 1 the database refused a statement (its SQLSTATE is printed);
 /// 2 bad usage or input; 3 the database cannot be reached; 4 some of the given job ids were
 /// not found in the state the command acts on; 5 any other failure (I/O, the metrics server).
+/// `inbox relay` exits 3 too when the NATS server cannot be reached at its start.
 #[derive(Debug, Parser)]
 #[command(name = "inbox", version, propagate_version = true)]
 struct Cli {
@@ -96,7 +99,14 @@ enum Command {
         /// The queue table (optionally schema-qualified).
         queue: String,
     },
-    /// Serve every queue's gauges at /metrics in the Prometheus text format.
+    /// List every outbox with its pending, sending, retrying and dead messages, relay and ages.
+    Outboxes,
+    /// Look at one outbox's messages, and requeue or discard its dead ones.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+    /// Relay an outbox's messages into NATS JetStream until interrupted (Ctrl-C or SIGTERM).
+    Relay(RelayArgs),
+    /// Serve every queue's and outbox's gauges at /metrics in the Prometheus text format.
     Metrics {
         /// The address to listen on (port 0 picks a free one; the address is printed).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9633")]
@@ -115,6 +125,106 @@ struct RequeueArgs {
     /// Requeue every dead job of the queue (in batches, each its own transaction).
     #[arg(long)]
     all: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum OutboxCommand {
+    /// List an outbox's messages (all, or those in one state) in id order, with their last error.
+    Messages {
+        /// The outbox table (optionally schema-qualified).
+        outbox: String,
+        /// Only messages in this state.
+        #[arg(long, value_enum)]
+        state: Option<MessageState>,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i32).range(1..))]
+        limit: i32,
+    },
+    /// List an outbox's dead-lettered messages with their last error.
+    Dead {
+        /// The outbox table (optionally schema-qualified).
+        outbox: String,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i32).range(1..))]
+        limit: i32,
+    },
+    /// Send dead-lettered messages again (their attempts counted from zero).
+    Requeue(OutboxRequeueArgs),
+    /// Delete dead-lettered messages for good.
+    Discard {
+        /// The outbox table (optionally schema-qualified).
+        outbox: String,
+        /// The ids of the dead messages to delete.
+        #[arg(required = true, num_args = 1..)]
+        ids: Vec<i64>,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("which").required(true).args(["ids", "all"]))]
+struct OutboxRequeueArgs {
+    /// The outbox table (optionally schema-qualified).
+    outbox: String,
+    /// The ids of the dead messages to requeue.
+    #[arg(num_args = 1..)]
+    ids: Vec<i64>,
+    /// Requeue every dead message of the outbox (in batches, each its own transaction).
+    #[arg(long)]
+    all: bool,
+}
+
+/// The states `inbox outbox messages --state` filters on.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum MessageState {
+    Pending,
+    Sending,
+    Retrying,
+    Dead,
+}
+
+impl MessageState {
+    fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Pending => "pending",
+            MessageState::Sending => "sending",
+            MessageState::Retrying => "retrying",
+            MessageState::Dead => "dead",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct RelayArgs {
+    /// The outbox table (optionally schema-qualified).
+    #[arg(long)]
+    outbox: String,
+    /// The NATS server(s) to publish to (nats://host:4222; comma-separated for a cluster). The
+    /// subjects must belong to a JetStream stream.
+    #[arg(long, value_name = "URL")]
+    nats: String,
+    /// The relay's name in `inbox outboxes` (unique among the outbox's relays); default
+    /// host-pid-random.
+    #[arg(long, value_name = "N")]
+    name: Option<String>,
+    /// At most this many messages a round (one claim, one batch of publishes).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i32).range(1..=100_000))]
+    batch: i32,
+    /// How long a claim holds the outbox: a relay that dies is replaced this long after its
+    /// last claim at most (500ms, 30s, 2m, ...; at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = relay::parse_duration)]
+    lease: std::time::Duration,
+    /// Attempts before a message is dead-lettered.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..))]
+    max_attempts: i32,
+    /// A direct connection to the server for the relay's LISTEN session, when the database URL
+    /// is a pooler's in transaction mode (default: the database URL itself).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "INBOX_LISTEN_URL",
+        hide_env_values = true
+    )]
+    listen_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -185,6 +295,22 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let out = output::Output::new(cli.json);
     match cli.command {
         Command::Metrics { listen } => metrics::serve(&url, &listen).await,
+        Command::Relay(args) => {
+            relay::run(
+                &url,
+                &out,
+                relay::RelayRequest {
+                    outbox: &args.outbox,
+                    nats: &args.nats,
+                    name: args.name.as_deref(),
+                    batch: args.batch,
+                    lease: args.lease,
+                    max_attempts: args.max_attempts,
+                    listen_url: args.listen_url.as_deref(),
+                },
+            )
+            .await
+        }
         command => {
             let db = db::Db::connect(&url).await?;
             match command {
@@ -224,7 +350,33 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                     batch,
                 } => commands::purge(&db, &out, &ledger, &older_than, batch).await,
                 Command::Schedules { queue } => commands::schedules(&db, &out, &queue).await,
-                Command::Metrics { .. } => unreachable!("handled above"),
+                Command::Outboxes => outboxes::outboxes(&db, &out).await,
+                Command::Outbox(command) => match command {
+                    OutboxCommand::Messages {
+                        outbox,
+                        state,
+                        limit,
+                    } => {
+                        outboxes::messages(
+                            &db,
+                            &out,
+                            &outbox,
+                            state.map(MessageState::as_str),
+                            limit,
+                        )
+                        .await
+                    }
+                    OutboxCommand::Dead { outbox, limit } => {
+                        outboxes::messages(&db, &out, &outbox, Some("dead"), limit).await
+                    }
+                    OutboxCommand::Requeue(args) => {
+                        outboxes::requeue(&db, &out, &args.outbox, &args.ids, args.all).await
+                    }
+                    OutboxCommand::Discard { outbox, ids } => {
+                        outboxes::discard(&db, &out, &outbox, &ids).await
+                    }
+                },
+                Command::Metrics { .. } | Command::Relay(_) => unreachable!("handled above"),
             }
         }
     }

@@ -1,5 +1,6 @@
-//! `inbox metrics`: every queue's gauges (`inbox_metrics()`) at `/metrics`, in the text format
-//! Prometheus scrapes (OpenMetrics), read from the database at each scrape.
+//! `inbox metrics`: every queue's gauges (`inbox_metrics()`) and every outbox's
+//! (`inbox_outboxes()`) at `/metrics`, in the text format Prometheus scrapes (OpenMetrics), read
+//! from the database at each scrape.
 
 use std::io::Write;
 use std::sync::atomic::AtomicU64;
@@ -15,6 +16,7 @@ use axum::Router;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -40,6 +42,11 @@ struct StateLabels {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutboxLabels {
+    outbox: String,
+}
+
 struct Exporter {
     pool: Pool,
     secret: Secret,
@@ -53,8 +60,26 @@ struct QueueGauges {
     oldest_lease_age: Option<f64>,
 }
 
+/// One outbox's row of `inbox_outboxes()`.
+struct OutboxGauges {
+    outbox: String,
+    backlog: i64,
+    dead: i64,
+    oldest_unsent_age: f64,
+    sent: i64,
+    duplicates: i64,
+    failures: i64,
+    oldest_publisher_age: f64,
+}
+
+/// What one scrape read.
+struct Reading {
+    queues: Vec<QueueGauges>,
+    outboxes: Vec<OutboxGauges>,
+}
+
 impl Exporter {
-    async fn read(&self) -> Result<Vec<QueueGauges>, CliError> {
+    async fn read(&self) -> Result<Reading, CliError> {
         let mut client = self.pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(e) => self.secret.error(e),
             other => CliError::Connect(self.secret.scrub(other.to_string())),
@@ -63,7 +88,7 @@ impl Exporter {
         // scrape is left on a server connection, or lost by a pooler in transaction mode.
         let timeout = SCRAPE_TIMEOUT.as_millis().to_string();
         let scrape = async {
-            let tx = client.transaction().await?;
+            let mut tx = client.transaction().await?;
             tx.query_typed(
                 sql::TRANSACTION_TIMEOUT.text,
                 &db::typed(&sql::TRANSACTION_TIMEOUT, &[&timeout]),
@@ -72,11 +97,47 @@ impl Exporter {
             let rows = tx
                 .query_typed(sql::METRICS.text, &db::typed(&sql::METRICS, &[]))
                 .await?;
+            // In a savepoint: a database whose extension predates the outboxes has no
+            // inbox_outboxes(), and still has its queues' gauges.
+            let outboxes = tx.transaction().await?;
+            let outbox_rows = match outboxes
+                .query_typed(
+                    sql::OUTBOX_METRICS.text,
+                    &db::typed(&sql::OUTBOX_METRICS, &[]),
+                )
+                .await
+            {
+                Ok(rows) => {
+                    outboxes.commit().await?;
+                    rows
+                }
+                Err(error)
+                    if error.code()
+                        == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
+                {
+                    outboxes.rollback().await?;
+                    Vec::new()
+                }
+                Err(error) => return Err(error),
+            };
             tx.commit().await?;
-            Ok(rows)
+            Ok((rows, outbox_rows))
         };
-        let rows = scrape.await.map_err(|e| self.secret.error(e))?;
-        Ok(rows
+        let (rows, outbox_rows) = scrape.await.map_err(|e| self.secret.error(e))?;
+        let outboxes = outbox_rows
+            .iter()
+            .map(|row| OutboxGauges {
+                outbox: row.get(0),
+                backlog: row.get(1),
+                dead: row.get(2),
+                oldest_unsent_age: row.get(3),
+                sent: row.get(4),
+                duplicates: row.get(5),
+                failures: row.get(6),
+                oldest_publisher_age: row.get(7),
+            })
+            .collect();
+        let queues = rows
             .iter()
             .map(|row| QueueGauges {
                 queue: row.get(0),
@@ -89,7 +150,8 @@ impl Exporter {
                 oldest_ready_age: row.get(5),
                 oldest_lease_age: row.get(6),
             })
-            .collect())
+            .collect();
+        Ok(Reading { queues, outboxes })
     }
 
     /// The body of one scrape: the queues' gauges, and `inbox_up` 0 when they cannot be read.
@@ -100,13 +162,14 @@ impl Exporter {
         let up = Gauge::<i64>::default();
         registry.register(
             "inbox_up",
-            "Whether the last scrape read the queues from the database (1) or failed (0)",
+            "Whether the last scrape read the queues and outboxes from the database (1) or failed (0)",
             up.clone(),
         );
         match result {
-            Ok(queues) => {
+            Ok(reading) => {
                 up.set(1);
-                register_queues(&mut registry, &queues);
+                register_queues(&mut registry, &reading.queues);
+                register_outboxes(&mut registry, &reading.outboxes);
             }
             Err(error) => {
                 // A log line; a closed standard error must not fail the scrape.
@@ -121,7 +184,7 @@ impl Exporter {
         duration.set(started.elapsed().as_secs_f64());
         registry.register(
             "inbox_scrape_duration_seconds",
-            "How long reading the queues from the database took",
+            "How long reading the queues and outboxes from the database took",
             duration,
         );
         let mut body = String::new();
@@ -165,6 +228,74 @@ fn register_queues(registry: &mut Registry, queues: &[QueueGauges]) {
         "inbox_oldest_lease_age_seconds",
         "How long the oldest current lease has been held (0 when none; absent for tables without leased_at)",
         lease_age,
+    );
+}
+
+fn register_outboxes(registry: &mut Registry, outboxes: &[OutboxGauges]) {
+    let backlog = Family::<OutboxLabels, Gauge>::default();
+    let dead = Family::<OutboxLabels, Gauge>::default();
+    let unsent_age = Family::<OutboxLabels, Gauge<f64, AtomicU64>>::default();
+    let publisher_age = Family::<OutboxLabels, Gauge<f64, AtomicU64>>::default();
+    // What the relays did, as the database counts it: counters (`_total`), which a rate()
+    // reads across relay restarts and takeovers.
+    let sent = Family::<OutboxLabels, Counter>::default();
+    let duplicates = Family::<OutboxLabels, Counter>::default();
+    let failures = Family::<OutboxLabels, Counter>::default();
+    let total = |n: i64| u64::try_from(n).unwrap_or(0);
+    for outbox in outboxes {
+        let labels = OutboxLabels {
+            outbox: outbox.outbox.clone(),
+        };
+        backlog.get_or_create(&labels).set(outbox.backlog);
+        dead.get_or_create(&labels).set(outbox.dead);
+        unsent_age
+            .get_or_create(&labels)
+            .set(outbox.oldest_unsent_age);
+        publisher_age
+            .get_or_create(&labels)
+            .set(outbox.oldest_publisher_age);
+        sent.get_or_create(&labels).inc_by(total(outbox.sent));
+        duplicates
+            .get_or_create(&labels)
+            .inc_by(total(outbox.duplicates));
+        failures
+            .get_or_create(&labels)
+            .inc_by(total(outbox.failures));
+    }
+    registry.register(
+        "inbox_outbox_backlog",
+        "Messages per outbox not sent yet: pending, sending or waiting for a retry",
+        backlog,
+    );
+    registry.register(
+        "inbox_outbox_dead",
+        "Dead-lettered messages per outbox",
+        dead,
+    );
+    registry.register(
+        "inbox_outbox_oldest_unsent_age_seconds",
+        "How long ago the oldest message not sent (nor dead) was published (0 when none)",
+        unsent_age,
+    );
+    registry.register(
+        "inbox_outbox_sent",
+        "Messages the relays sent and deleted",
+        sent,
+    );
+    registry.register(
+        "inbox_outbox_duplicate_acks",
+        "Of the messages sent, those the broker acknowledged as duplicates",
+        duplicates,
+    );
+    registry.register(
+        "inbox_outbox_failures",
+        "Failed publishes (each retried, or dead-lettered after the last attempt)",
+        failures,
+    );
+    registry.register(
+        "inbox_outbox_oldest_publisher_age_seconds",
+        "Age of the oldest open transaction holding one of the outbox's keys, which holds later publishers of that key back (0 when none)",
+        publisher_age,
     );
 }
 

@@ -133,7 +133,61 @@ pub const METRICS: Sql = Sql {
     params: &[],
 };
 
-/// `set_config('statement_timeout', ms, true)`: bounds the statements of the current transaction
+/// `inbox_outboxes()`: every outbox with its counts, ages (in seconds), relay and what it sent.
+/// Outboxes are named schema-qualified, as the metrics label them.
+pub const OUTBOXES: Sql = Sql {
+    text: "SELECT (pg_identify_object('pg_class'::regclass, outbox, 0)).identity, \
+        pending, sending, retrying, dead, extract(epoch FROM oldest_unsent_age)::float8, \
+        sent, duplicates, failures, relay, to_json(relay_lease_until) #>> '{}', \
+        relay_lease_until > clock_timestamp(), extract(epoch FROM oldest_publisher_age)::float8 \
+        FROM inbox_outboxes()",
+    params: &[],
+};
+
+/// `inbox_outboxes()` for `/metrics`: the gauges of every outbox, ages 0 when there is none.
+pub const OUTBOX_METRICS: Sql = Sql {
+    text: "SELECT (pg_identify_object('pg_class'::regclass, outbox, 0)).identity, \
+        pending + sending + retrying, dead, \
+        coalesce(extract(epoch FROM oldest_unsent_age)::float8, 0), sent, duplicates, failures, \
+        coalesce(extract(epoch FROM oldest_publisher_age)::float8, 0) FROM inbox_outboxes()",
+    params: &[],
+};
+
+/// An outbox's schema-qualified name (`public.events`), as `outboxes` and the metrics name it;
+/// an error when there is no such table.
+pub const OUTBOX_NAME: Sql = Sql {
+    text: "SELECT (pg_identify_object('pg_class'::regclass, $1::text::regclass, 0)).identity",
+    params: &[Type::TEXT],
+};
+
+/// `inbox_outbox_messages(outbox, state, max)`; payloads in base64 too, for bytes that are not
+/// text.
+pub const OUTBOX_MESSAGES: Sql = Sql {
+    text: "SELECT id, state, subject, key, attempt, to_json(published_at) #>> '{}', \
+        to_json(due) #>> '{}', last_error, payload, encode(payload, 'base64'), headers \
+        FROM inbox_outbox_messages($1::text::regclass, $2::text, $3::int4)",
+    params: &[Type::TEXT, Type::TEXT, Type::INT4],
+};
+
+/// `inbox_outbox_requeue(outbox, id)`: true when the message was dead and is due again.
+pub const OUTBOX_REQUEUE: Sql = Sql {
+    text: "SELECT inbox_outbox_requeue($1::text::regclass, $2::int8)",
+    params: &[Type::TEXT, Type::INT8],
+};
+
+/// `inbox_outbox_requeue_dead(outbox, max)`: requeues up to `max` dead messages, returns how many.
+pub const OUTBOX_REQUEUE_DEAD: Sql = Sql {
+    text: "SELECT inbox_outbox_requeue_dead($1::text::regclass, $2::int4)",
+    params: &[Type::TEXT, Type::INT4],
+};
+
+/// `inbox_outbox_discard(outbox, id)`: true when the dead message was deleted.
+pub const OUTBOX_DISCARD: Sql = Sql {
+    text: "SELECT inbox_outbox_discard($1::text::regclass, $2::int8)",
+    params: &[Type::TEXT, Type::INT8],
+};
+
+/// `set_config('statement_timeout, ms, true)`: bounds the statements of the current transaction
 /// only, so that no setting stays on a server connection a pooler shares.
 pub const TRANSACTION_TIMEOUT: Sql = Sql {
     text: "SELECT set_config('statement_timeout', $1::text, true)",
@@ -144,7 +198,7 @@ pub const TRANSACTION_TIMEOUT: Sql = Sql {
 mod tests {
     use super::*;
 
-    const ALL: [&Sql; 16] = [
+    const ALL: [&Sql; 23] = [
         &QUEUES,
         &STATS,
         &JOBS,
@@ -160,6 +214,13 @@ mod tests {
         &PURGE,
         &SCHEDULES,
         &METRICS,
+        &OUTBOXES,
+        &OUTBOX_METRICS,
+        &OUTBOX_NAME,
+        &OUTBOX_MESSAGES,
+        &OUTBOX_REQUEUE,
+        &OUTBOX_REQUEUE_DEAD,
+        &OUTBOX_DISCARD,
         &TRANSACTION_TIMEOUT,
     ];
 
