@@ -72,6 +72,9 @@ fn help_says_what_each_subcommand_does() {
         "enqueue",
         "purge",
         "schedules",
+        "outboxes",
+        "outbox",
+        "relay",
         "metrics",
     ] {
         let output = Command::cargo_bin("inbox")

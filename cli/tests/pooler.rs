@@ -67,8 +67,8 @@ fn json(url: &str, args: &[&str]) -> Value {
     json_with_input(url, args, "")
 }
 
-/// Creates the queue `mail` (with a schedule) and the ledger `seen` (25 keys three days old, 5
-/// new ones) in the test's schema, on a direct connection.
+/// Creates the queue `mail` (with a schedule), the ledger `seen` (25 keys three days old, 5
+/// new ones) and the outbox `events` (3 messages) in the test's schema, on a direct connection.
 async fn create_queue_and_ledger(direct: &Client) {
     direct
         .batch_execute(
@@ -77,14 +77,39 @@ async fn create_queue_and_ledger(direct: &Client) {
              SELECT inbox_create_ledger('seen'); \
              INSERT INTO seen SELECT 'old-' || g, now() - interval '3 days' \
                FROM generate_series(1, 25) g; \
-             INSERT INTO seen SELECT 'new-' || g, now() FROM generate_series(1, 5) g;",
+             INSERT INTO seen SELECT 'new-' || g, now() FROM generate_series(1, 5) g; \
+             SELECT inbox_create_outbox('events'); \
+             SELECT inbox_publish('events', 'events.x', jsonb_build_object('n', g)) \
+               FROM generate_series(1, 3) g;",
         )
         .await
         .unwrap();
 }
 
-/// Runs every subcommand through the pooler at `url` on the queue and ledger of
-/// [`create_queue_and_ledger`], checking each result; `direct` reaches the server itself.
+/// Dead-letters every due message of the outbox `events` (one attempt allowed); their ids.
+async fn dead_letter_the_outbox(direct: &Client) -> Vec<String> {
+    let claimed = direct
+        .query(
+            "SELECT id, token FROM inbox_relay_claim('events', 'r', 10) ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let ids: Vec<i64> = claimed.iter().map(|row| row.get(0)).collect();
+    let token: i64 = claimed[0].get(1);
+    let errors = vec!["no stream".to_owned(); ids.len()];
+    direct
+        .execute(
+            "SELECT inbox_relay_failed('events', $1, $2, $3, 1)",
+            &[&token, &ids, &errors],
+        )
+        .await
+        .unwrap();
+    ids.iter().map(i64::to_string).collect()
+}
+
+/// Runs every subcommand (but the relay) through the pooler at `url` on the queue, ledger and
+/// outbox of [`create_queue_and_ledger`], checking each result; `direct` reaches the server itself.
 async fn every_subcommand(db: &TestDb, direct: &Client, url: &str) {
     let queue = format!("{}.mail", db.schema());
     let ledger = format!("{}.seen", db.schema());
@@ -177,13 +202,36 @@ async fn every_subcommand(db: &TestDb, direct: &Client, url: &str) {
     assert_eq!(purged["purged"], 25, "{purged}");
     assert_eq!(purged["batches"], 3, "10 + 10 + 5");
 
+    let outbox = format!("{}.events", db.schema());
+    let dead = dead_letter_the_outbox(direct).await;
+    let outboxes = json(url, &["outboxes"]);
+    let ours = outboxes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["outbox"] == outbox.as_str())
+        .unwrap_or_else(|| panic!("{outbox} is not listed: {outboxes}"));
+    assert_eq!(ours["dead"], 3, "{ours}");
+    let listed = json(url, &["outbox", "dead", &outbox]);
+    assert_eq!(listed.as_array().unwrap().len(), 3, "{listed}");
+    let requeued = json(url, &["outbox", "requeue", &outbox, &dead[0]]);
+    assert_eq!(requeued["requeued"][0].to_string(), dead[0]);
+    let discarded = json(url, &["outbox", "discard", &outbox, &dead[1]]);
+    assert_eq!(discarded["discarded"][0].to_string(), dead[1]);
+    let all = json(url, &["outbox", "requeue", &outbox, "--all"]);
+    assert_eq!(all["requeued"], 1);
+    let pending = json(url, &["outbox", "messages", &outbox, "--state", "pending"]);
+    assert_eq!(pending.as_array().unwrap().len(), 2, "{pending}");
+
     let exporter = Exporter::start(url);
-    // `inbox_metrics()` qualifies every name.
+    // `inbox_metrics()` qualifies every name, and the tool qualifies the outboxes'.
     let ready = format!("inbox_jobs{{queue=\"{queue}\",state=\"ready\"}}");
+    let backlog = format!("inbox_outbox_backlog{{outbox=\"{outbox}\"}}");
     for _ in 0..5 {
         let (_, body) = exporter.scrape();
         assert_eq!(sample(&body, "inbox_up"), Some(1.0), "{body}");
         assert_eq!(sample(&body, &ready), Some(8.0), "{body}");
+        assert_eq!(sample(&body, &backlog), Some(2.0), "{body}");
     }
 }
 
