@@ -81,7 +81,7 @@ pub async fn outboxes(db: &Db, out: &Output) -> Result<(), CliError> {
                     cells.extend(o.totals.iter().map(i64::to_string));
                     cells.push(match (&o.relay, o.relay_holds) {
                         (Some(relay), Some(true)) => relay.clone(),
-                        (Some(relay), _) => format!("{relay} (lease expired)"),
+                        (Some(relay), _) => format!("{relay} (lease ended)"),
                         (None, _) => "-".to_owned(),
                     });
                     cells.push(age(o.oldest_publisher_age));
