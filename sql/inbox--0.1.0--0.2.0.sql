@@ -7,45 +7,6 @@ DROP FUNCTION "inbox_enqueue"(regclass, jsonb, timestamp with time zone, text);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, bytea[], timestamp with time zone, text[]);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, jsonb[], timestamp with time zone, text[]);
 
-CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
-    queue pg_catalog.regclass NOT NULL,
-    name pg_catalog.text NOT NULL CHECK (name <> ''),
-    cron pg_catalog.text NOT NULL,
-    time_zone pg_catalog.text NOT NULL,
-    payload pg_catalog.jsonb NOT NULL,
-    next_tick pg_catalog.timestamptz NOT NULL,
-    PRIMARY KEY (queue, name)
-);
-COMMENT ON TABLE inbox_periodic_jobs IS
-    'The schedules of inbox_schedule; their ticks become jobs in inbox_lease and inbox_lock.';
-CREATE INDEX IF NOT EXISTS inbox_periodic_jobs_due ON inbox_periodic_jobs (queue, next_tick);
-GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_periodic_jobs TO PUBLIC;
-ALTER TABLE inbox_periodic_jobs ENABLE ROW LEVEL SECURITY;
-DO $policies$
-DECLARE
-    policy pg_catalog.text;
-BEGIN
-    FOREACH policy IN ARRAY ARRAY['inbox_periodic_jobs_read', 'inbox_periodic_jobs_define',
-                                  'inbox_periodic_jobs_fire', 'inbox_periodic_jobs_remove'] LOOP
-        IF EXISTS (SELECT FROM pg_catalog.pg_policy
-                    WHERE polrelid = 'inbox_periodic_jobs'::pg_catalog.regclass
-                      AND polname = policy) THEN
-            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_periodic_jobs', policy);
-        END IF;
-    END LOOP;
-END
-$policies$;
-CREATE POLICY inbox_periodic_jobs_read ON inbox_periodic_jobs FOR SELECT
-    USING (pg_catalog.has_table_privilege(queue, 'SELECT, INSERT')
-           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
-CREATE POLICY inbox_periodic_jobs_define ON inbox_periodic_jobs FOR INSERT
-    WITH CHECK (pg_catalog.has_table_privilege(queue, 'INSERT'));
-CREATE POLICY inbox_periodic_jobs_fire ON inbox_periodic_jobs FOR UPDATE
-    USING (pg_catalog.has_table_privilege(queue, 'INSERT'));
-CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
-    USING (pg_catalog.has_table_privilege(queue, 'INSERT')
-           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
-
 CREATE TABLE IF NOT EXISTS inbox_relays (
     outbox pg_catalog.regclass PRIMARY KEY,
     relay pg_catalog.text NOT NULL,
@@ -294,6 +255,20 @@ END
 $$;
 COMMENT ON FUNCTION inbox_relay_claim(pg_catalog.regclass, pg_catalog.text, pg_catalog.int4, pg_catalog.interval) IS
     'Takes or renews the outbox''s relay lease and claims due messages, each key''s head only; nothing while another relay holds the lease.';
+
+CREATE OR REPLACE FUNCTION inbox_relay_lease(outbox pg_catalog.regclass)
+RETURNS TABLE(relay pg_catalog.text, token pg_catalog.int8, leased_until pg_catalog.timestamptz,
+              since pg_catalog.timestamptz)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox');
+    RETURN QUERY SELECT r.relay, r.token, r.leased_until, r.since
+                   FROM @extschema@.inbox_relays r WHERE r.outbox = inbox_relay_lease.outbox;
+END
+$$;
+COMMENT ON FUNCTION inbox_relay_lease(pg_catalog.regclass) IS
+    'The relay holding (or last holding) the outbox''s lease, its last token, and until when it holds it.';
 
 CREATE OR REPLACE FUNCTION inbox_relay_sent(outbox pg_catalog.regclass, token pg_catalog.int8,
                                             ids pg_catalog.int8[], duplicates pg_catalog.int4 DEFAULT 0)
@@ -589,6 +564,45 @@ END
 $$;
 COMMENT ON FUNCTION inbox_outboxes() IS
     'Every outbox the caller may read, with the counts of inbox_outbox_stats.';
+
+CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
+    queue pg_catalog.regclass NOT NULL,
+    name pg_catalog.text NOT NULL CHECK (name <> ''),
+    cron pg_catalog.text NOT NULL,
+    time_zone pg_catalog.text NOT NULL,
+    payload pg_catalog.jsonb NOT NULL,
+    next_tick pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (queue, name)
+);
+COMMENT ON TABLE inbox_periodic_jobs IS
+    'The schedules of inbox_schedule; their ticks become jobs in inbox_lease and inbox_lock.';
+CREATE INDEX IF NOT EXISTS inbox_periodic_jobs_due ON inbox_periodic_jobs (queue, next_tick);
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_periodic_jobs TO PUBLIC;
+ALTER TABLE inbox_periodic_jobs ENABLE ROW LEVEL SECURITY;
+DO $policies$
+DECLARE
+    policy pg_catalog.text;
+BEGIN
+    FOREACH policy IN ARRAY ARRAY['inbox_periodic_jobs_read', 'inbox_periodic_jobs_define',
+                                  'inbox_periodic_jobs_fire', 'inbox_periodic_jobs_remove'] LOOP
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy
+                    WHERE polrelid = 'inbox_periodic_jobs'::pg_catalog.regclass
+                      AND polname = policy) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_periodic_jobs', policy);
+        END IF;
+    END LOOP;
+END
+$policies$;
+CREATE POLICY inbox_periodic_jobs_read ON inbox_periodic_jobs FOR SELECT
+    USING (pg_catalog.has_table_privilege(queue, 'SELECT, INSERT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+CREATE POLICY inbox_periodic_jobs_define ON inbox_periodic_jobs FOR INSERT
+    WITH CHECK (pg_catalog.has_table_privilege(queue, 'INSERT'));
+CREATE POLICY inbox_periodic_jobs_fire ON inbox_periodic_jobs FOR UPDATE
+    USING (pg_catalog.has_table_privilege(queue, 'INSERT'));
+CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
+    USING (pg_catalog.has_table_privilege(queue, 'INSERT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
 

@@ -292,6 +292,22 @@ $$;
 COMMENT ON FUNCTION inbox_relay_claim(pg_catalog.regclass, pg_catalog.text, pg_catalog.int4, pg_catalog.interval) IS
     'Takes or renews the outbox''s relay lease and claims due messages, each key''s head only; nothing while another relay holds the lease.';
 
+-- Who holds the outbox's relay lease (or held it last), and until when: a relay whose claim came
+-- back empty learns whether it leads or stands by, without counting the outbox.
+CREATE OR REPLACE FUNCTION inbox_relay_lease(outbox pg_catalog.regclass)
+RETURNS TABLE(relay pg_catalog.text, token pg_catalog.int8, leased_until pg_catalog.timestamptz,
+              since pg_catalog.timestamptz)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM @extschema@.inbox__required(outbox, 'outbox');
+    RETURN QUERY SELECT r.relay, r.token, r.leased_until, r.since
+                   FROM @extschema@.inbox_relays r WHERE r.outbox = inbox_relay_lease.outbox;
+END
+$$;
+COMMENT ON FUNCTION inbox_relay_lease(pg_catalog.regclass) IS
+    'The relay holding (or last holding) the outbox''s lease, its last token, and until when it holds it.';
+
 -- Deletes the messages a relay published (the broker acknowledged them) while they are still
 -- that claim's; returns how many it deleted.
 CREATE OR REPLACE FUNCTION inbox_relay_sent(outbox pg_catalog.regclass, token pg_catalog.int8,

@@ -49,6 +49,7 @@ pub(crate) mod sql {
     pub const FAILED: &str = "SELECT inbox_relay_failed($1::text::regclass, $2::int8, $3::int8[], \
                               $4::text[], $5::int4)";
     pub const RELEASE: &str = "SELECT inbox_relay_release($1::text::regclass, $2::text)";
+    pub const LEASE: &str = "SELECT relay, leased_until FROM inbox_relay_lease($1::text::regclass)";
     pub const STATS: &str = "SELECT pending, sending, retrying, dead, \
                              extract(epoch FROM oldest_unsent_age)::float8 AS oldest_unsent_age, \
                              sent, duplicates, failures, relay, relay_lease_until, \
@@ -173,7 +174,7 @@ impl Outbox {
     /// As [`publish`](Self::publish), for bytes, with `headers`.
     ///
     /// # Errors
-    /// The database's error (`22023` for headers of an empty name).
+    /// The database's error.
     pub async fn publish_bytes(
         &self,
         db: &dyn Database,
@@ -317,8 +318,9 @@ pub struct Message {
 }
 
 impl Message {
-    /// The identity a broker dedups it by (`<outbox>:<id>`, e.g. `public.events:42`), the same on
-    /// every attempt: JetStream's `Nats-Msg-Id`, a Kafka record key for a compacting consumer,
+    /// The identity a broker dedups it by (`<outbox>:<id>`, the outbox named as the relay was
+    /// given it, e.g. `events:42`: give every relay of an outbox the same name for it), the same
+    /// on every attempt: JetStream's `Nats-Msg-Id`, a Kafka record key for a compacting consumer,
     /// the key a consumer claims in its ledger.
     pub fn message_id(&self) -> &str {
         &self.message_id

@@ -8,7 +8,7 @@
 //!
 //! Idle, the holder sleeps on the outbox as workers sleep on a queue (`inbox_sleep`, on a LISTEN
 //! connection of its own: publishes notify only while a relay sleeps), waking at least every
-//! third of its lease to renew it; without direct connection settings it polls. A relay that
+//! third of its lease to renew it; without direct connection settings it polls every 250 ms. A relay that
 //! finds the lease held by another sleeps until that lease ends, then tries to take it: a killed
 //! holder is replaced within one lease period.
 
@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 use super::{headers_from_json, sql, Delivery, Message, Sink};
 use crate::error::DbError;
 use crate::pg::PgDatabase;
+
+/// How often an idle relay that cannot LISTEN (behind a pooler) looks for messages.
+const POLL: Duration = Duration::from_millis(250);
 
 /// What a relay has done so far (for a progress line or metrics); shared with its clones.
 #[derive(Debug, Default)]
@@ -288,14 +291,16 @@ impl<S: Sink> Relay<S> {
 
     /// After an empty claim: whether this relay holds the lease, or until when another does.
     async fn holder(&self, client: &tokio_postgres::Client) -> Result<Round, DbError> {
-        let rows = query(client, sql::STATS, &[(&self.outbox, Type::TEXT)]).await?;
-        let relay: Option<String> = rows[0].try_get("relay")?;
-        let until: Option<DateTime<Utc>> = rows[0].try_get("relay_lease_until")?;
-        match (relay, until) {
-            (Some(relay), Some(until)) if relay != self.name && until > Utc::now() => {
-                Ok(Round::Standby(until))
-            }
-            _ => Ok(Round::Empty),
+        let rows = query(client, sql::LEASE, &[(&self.outbox, Type::TEXT)]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(Round::Empty);
+        };
+        let relay: String = row.try_get("relay")?;
+        let until: DateTime<Utc> = row.try_get("leased_until")?;
+        if relay != self.name && until > Utc::now() {
+            Ok(Round::Standby(until))
+        } else {
+            Ok(Round::Empty)
         }
     }
 
@@ -379,7 +384,7 @@ impl Listener {
         };
         let Some(session) = self.session.as_mut() else {
             tokio::select! {
-                () = tokio::time::sleep(timeout.min(Duration::from_secs(1))) => {}
+                () = tokio::time::sleep(timeout.min(POLL)) => {}
                 () = stop.cancelled() => {}
             }
             return;

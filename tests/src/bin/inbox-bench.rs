@@ -21,6 +21,8 @@ mod figures;
 mod groups;
 #[path = "bench/measure.rs"]
 mod measure;
+#[path = "bench/outbox.rs"]
+mod outbox;
 #[path = "bench/report.rs"]
 mod report;
 #[path = "bench/sessions.rs"]
@@ -132,6 +134,7 @@ async fn run(args: &[String]) -> Result<()> {
             10 => upkeep::wakeups(&ctx).await?,
             11 => upkeep::bloat(&ctx).await?,
             12 => upkeep::held_snapshot(&ctx).await?,
+            13 => outbox::outbox(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));

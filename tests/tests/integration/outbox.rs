@@ -387,12 +387,10 @@ async fn two_relays_race_one_leads_and_the_other_takes_over_when_it_dies() {
                 let key = format!("key-{}", n % 20);
                 let mut client = pg.pool().get().await.unwrap();
                 let tx = client.transaction().await.unwrap();
-                let port = PgTransaction::new(&tx);
                 let id = outbox
-                    .publish(&port, "events.raced", &n, Some(&key))
+                    .publish(&PgTransaction::new(&tx), "events.raced", &n, Some(&key))
                     .await
                     .unwrap();
-                drop(port);
                 tx.commit().await.unwrap();
                 ids.insert(id, Some(key));
             }

@@ -68,7 +68,7 @@ pub struct Opts {
     pub rounds: usize,
     /// Concurrent connections of figures 1 to 5.
     pub connections: Vec<usize>,
-    /// Figures to run (1 to 12).
+    /// Figures to run (1 to 13).
     pub figures: Vec<u8>,
     /// Latency samples per side and connection count (figure 5).
     pub latency_samples: usize,
@@ -100,7 +100,7 @@ impl Opts {
             warmup: Duration::from_millis(250),
             rounds: 3,
             connections: vec![1, 4, 16],
-            figures: (1..=12).collect(),
+            figures: (1..=13).collect(),
             latency_samples: 1000,
             churn: (100_000, 1_000_000),
             child_seconds: 8,
