@@ -8,4 +8,4 @@ source scripts/lib.sh
 
 prepare_database inbox_demo
 banner "refunds example on $DATABASE_URL"
-cargo run --release -p inbox-client --example refunds -- "$@"
+cargo run --release -p inbox-client --features nats --example refunds -- "$@"
