@@ -102,6 +102,10 @@ on_pgrx_build() {
 }
 
 on_sql_only_build() {
+  # A server of its own (stopped when this stage ends): beside the pgrx build's tests and the fault
+  # suite, the two builds' tests would need more connections than a default server's 100.
+  part "a PostgreSQL of its own for the SQL-only build"
+  INBOX_PG_FORCE_THROWAWAY=1 ensure_postgres
   local sql_only_url="$INBOX_PG_URL/inbox_sql_only"
   part "the SQL-only build (scripts/sql-only-test.sh)"
   ./scripts/sql-only-test.sh "$INBOX_PG_URL"
