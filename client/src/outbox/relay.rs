@@ -30,6 +30,9 @@ use crate::pg::PgDatabase;
 /// How often an idle relay that cannot LISTEN (behind a pooler) looks for messages.
 const POLL: Duration = Duration::from_millis(250);
 
+/// The first wait of an idle relay whose outbox has due messages it cannot claim yet.
+const BLOCKED: Duration = Duration::from_millis(50);
+
 /// What a relay has done so far (for a progress line or metrics); shared with its clones.
 #[derive(Debug, Default)]
 pub struct RelayCounts {
@@ -154,7 +157,10 @@ impl<S: Sink> Relay<S> {
         let mut backoff = Duration::from_millis(100);
         while !stop.is_cancelled() {
             match self.round().await {
-                Ok(Round::Worked) => backoff = Duration::from_millis(100),
+                Ok(Round::Worked) => {
+                    backoff = Duration::from_millis(100);
+                    listener.worked();
+                }
                 Ok(Round::Empty) => {
                     self.counts.leading.store(true, Ordering::Relaxed);
                     listener.idle(self.lease / 3, &stop).await;
@@ -349,6 +355,8 @@ struct Listener {
     config: Option<tokio_postgres::Config>,
     outbox: String,
     session: Option<Session>,
+    /// How long to wait while due messages cannot be claimed (50 ms, doubling up to 1 s).
+    blocked: Duration,
 }
 
 struct Session {
@@ -369,7 +377,13 @@ impl Listener {
             config: db.listen_config().cloned(),
             outbox: outbox.to_owned(),
             session: None,
+            blocked: BLOCKED,
         }
+    }
+
+    /// A claim found work: the next wait for unclaimable messages starts short again.
+    fn worked(&mut self) {
+        self.blocked = BLOCKED;
     }
 
     /// Waits for a publish, at most `timeout` (polls when it cannot LISTEN).
@@ -408,11 +422,13 @@ impl Listener {
             }
         } else {
             // Something is due that the claim could not take (a key waiting behind a message
-            // that is retrying, or a claim of another relay in flight): look again shortly.
+            // that is retrying, or a claim of another relay in flight): look again shortly, less
+            // often while it lasts.
             tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                () = tokio::time::sleep(self.blocked) => {}
                 () = stop.cancelled() => {}
             }
+            self.blocked = (self.blocked * 2).min(Duration::from_secs(1));
         }
     }
 

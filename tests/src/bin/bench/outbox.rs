@@ -119,10 +119,109 @@ pub async fn outbox(ctx: &Ctx) -> Result<Vec<Row>> {
     );
     super::report::print_row(&row);
     rows.push(row);
+    fresh_stream(&js).await?;
+    rows.extend(steady_size(ctx, &nats).await?);
     admin
         .batch_execute(&format!("DROP TABLE {OUTBOX}, {RAW}, {REFUNDS}"))
         .await?;
     Ok(rows)
+}
+
+/// The outbox's size (table and indexes) while 4 producers publish as fast as they can and a
+/// relay keeps up, with nothing but the server's autovacuum to reclaim the deleted rows: sampled
+/// every tenth of the run, the first sample after a tenth.
+async fn steady_size(ctx: &Ctx, nats: &NatsServer) -> Result<Vec<Row>> {
+    let admin = ctx.connect().await?;
+    admin
+        .batch_execute(&format!(
+            "SET client_min_messages = warning; DROP TABLE IF EXISTS {OUTBOX}; \
+             SELECT inbox_create_outbox('{OUTBOX}')"
+        ))
+        .await?;
+    let autovacuum: String = admin
+        .query_one(
+            "SELECT current_setting('autovacuum') || ', naptime ' || current_setting('autovacuum_naptime')",
+            &[],
+        )
+        .await?
+        .get(0);
+    let run = if ctx.opts.quick {
+        Duration::from_secs(30)
+    } else {
+        Duration::from_secs(180)
+    };
+    let stop = CancellationToken::new();
+    let relay = Relay::new(
+        ctx.database(4)?,
+        OUTBOX,
+        NatsSink::new(nats.jetstream().await),
+    );
+    let counts = relay.counts();
+    let running = tokio::spawn(relay.run(stop.clone()));
+    let published = Arc::new(AtomicU64::new(0));
+    let mut producers = Vec::new();
+    for producer in 0..4_i64 {
+        let client = ctx.connect().await?;
+        let (published, stop) = (published.clone(), stop.clone());
+        producers.push(tokio::spawn(async move {
+            let mut n = 0_i64;
+            while !stop.is_cancelled() {
+                client
+                    .query_one(
+                        &format!(
+                            "SELECT inbox_publish_bytes('{OUTBOX}', 'bench.size', \
+                             decode(repeat('ab', 100), 'hex'), $1)"
+                        ),
+                        &[&format!("key-{}", (producer * 7919 + n) % KEYS)],
+                    )
+                    .await?;
+                published.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+            Ok::<_, tokio_postgres::Error>(())
+        }));
+    }
+    let size = format!(
+        "SELECT pg_total_relation_size('{OUTBOX}'), \
+         (SELECT coalesce(autovacuum_count, 0) FROM pg_stat_user_tables WHERE relid = '{OUTBOX}'::regclass)"
+    );
+    let mut samples = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(run / 10).await;
+        let row = admin.query_one(&size, &[]).await?;
+        samples.push((row.get::<_, i64>(0), row.get::<_, i64>(1)));
+    }
+    stop.cancel();
+    for producer in producers {
+        producer.await??;
+    }
+    running.await??;
+    let mib = |bytes: i64| bytes as f64 / 1048576.0;
+    let (first, last) = (samples[0], samples[samples.len() - 1]);
+    let peak = samples.iter().map(|s| s.0).max().unwrap_or(0);
+    let trail: Vec<String> = samples.iter().map(|s| format!("{:.1}", mib(s.0))).collect();
+    let note = format!(
+        "autovacuum {autovacuum}; {} messages published and {} relayed in {} s; size (MiB) every {} s: {}; \
+         peak {:.1} MiB; {} autovacuums",
+        published.load(Ordering::Relaxed),
+        counts.sent(),
+        run.as_secs(),
+        run.as_secs() / 10,
+        trail.join(" "),
+        mib(peak),
+        last.1
+    );
+    let row = Row::new(
+        13,
+        "13. outbox size, last sample / first",
+        Some(4),
+        (Some(mib(last.0)), Some(mib(first.0))),
+        "MiB",
+        Target::None,
+    )
+    .note(note);
+    super::report::print_row(&row);
+    Ok(vec![row])
 }
 
 async fn fresh_stream(js: &jetstream::Context) -> Result<()> {
