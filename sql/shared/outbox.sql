@@ -16,6 +16,13 @@
 -- transaction holds back only the keys it published to, not the whole outbox. Messages without a
 -- key take no lock and are ordered by nothing.
 --
+-- A message behind its key's head is set aside by the claim that meets it (locked_until =
+-- 'infinity', out of the claims' index), so a key with a long backlog costs each later claim
+-- nothing; settling the head (sent, or dead) makes the key's next message due again ('-infinity').
+-- Only a claim sets a message aside, and only one never made due that way (locked_until above
+-- '-infinity'): a claim working from an older snapshot than a settlement's cannot set aside a
+-- message that settlement made due (it re-reads the row it updates, and skips it).
+--
 -- The table is shaped like a queue (id, attempt, locked_until, payload), so that relays sleep and
 -- wake through the queues' own functions (inbox_sleep, inbox_channel, inbox_notify); its
 -- ordering_key column marks it as an outbox, which inbox_queues leaves out.
@@ -109,7 +116,7 @@ BEGIN
             '    headers pg_catalog.jsonb, '
             '    published_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), '
             '    attempt pg_catalog.int4 NOT NULL DEFAULT 0, '
-            '    locked_until pg_catalog.timestamptz NOT NULL DEFAULT ''-infinity'', '
+            '    locked_until pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), '
             '    leased_at pg_catalog.timestamptz, '
             '    token pg_catalog.int8, '
             '    last_error pg_catalog.text, '
@@ -117,9 +124,10 @@ BEGIN
             ') WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, '
             '        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, '
             '        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05)', qualified);
-        -- A claim walks the undead messages in id order, and looks up each keyed one's
-        -- predecessors in its key.
-        EXECUTE pg_catalog.format('CREATE INDEX ON %s (id) WHERE dead_at IS NULL', qualified);
+        -- A claim walks the messages neither dead nor set aside in id order, and looks up each
+        -- keyed one's predecessors in its key.
+        EXECUTE pg_catalog.format(
+            'CREATE INDEX ON %s (id) WHERE dead_at IS NULL AND locked_until < ''infinity''', qualified);
         EXECUTE pg_catalog.format(
             'CREATE INDEX ON %s (ordering_key, id) WHERE ordering_key IS NOT NULL AND dead_at IS NULL',
             qualified);
@@ -270,16 +278,24 @@ BEGIN
             RETURN;  -- another relay holds the lease
         END IF;
     END IF;
+    -- Looks at up to four times `max` due messages: the heads among them are claimed, the others
+    -- set aside, so that the next claim looks past them.
     RETURN QUERY EXECUTE pg_catalog.format($claim$
-        WITH picked AS (
-            SELECT m.id FROM %1$s m
-             WHERE m.dead_at IS NULL AND m.locked_until <= $2
-               AND (m.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT FROM %1$s e
-                     WHERE e.ordering_key = m.ordering_key AND e.dead_at IS NULL AND e.id < m.id))
+        WITH scanned AS (
+            SELECT m.id, m.ordering_key IS NULL OR NOT EXISTS (
+                       SELECT FROM %1$s e
+                        WHERE e.ordering_key = m.ordering_key AND e.dead_at IS NULL AND e.id < m.id)
+                   AS head
+              FROM %1$s m
+             WHERE m.dead_at IS NULL AND m.locked_until <= $2 AND m.locked_until < 'infinity'
              ORDER BY m.id
-             LIMIT $4
+             LIMIT $4::pg_catalog.int8 * 4
              FOR UPDATE OF m SKIP LOCKED),
+        picked AS (SELECT id FROM scanned WHERE head ORDER BY id LIMIT $4),
+        set_aside AS (
+            UPDATE %1$s w SET locked_until = 'infinity'
+              FROM scanned WHERE w.id = scanned.id AND NOT scanned.head
+               AND w.locked_until > '-infinity'),
         claimed AS (
             UPDATE %1$s o SET attempt = o.attempt + 1, locked_until = $3, leased_at = $2, token = $1
               FROM picked WHERE o.id = picked.id
@@ -308,6 +324,29 @@ $$;
 COMMENT ON FUNCTION inbox_relay_lease(pg_catalog.regclass) IS
     'The relay holding (or last holding) the outbox''s lease, its last token, and until when it holds it.';
 
+-- Makes the oldest message of each of `keys` due at once ('-infinity'), unless a relay holds it:
+-- after a settlement took its key's head away. One index probe per key.
+CREATE OR REPLACE FUNCTION inbox__outbox_promote(outbox pg_catalog.regclass, keys pg_catalog.text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF keys IS NULL OR pg_catalog.cardinality(keys) = 0 THEN
+        RETURN;
+    END IF;
+    EXECUTE pg_catalog.format($promote$
+        UPDATE %1$s o SET locked_until = '-infinity'
+          FROM (SELECT (SELECT e.id FROM %1$s e
+                         WHERE e.ordering_key = k.key AND e.dead_at IS NULL
+                         ORDER BY e.id LIMIT 1) AS id
+                  FROM (SELECT DISTINCT pg_catalog.unnest($1) AS key) AS k) AS heads
+         WHERE o.id = heads.id AND o.dead_at IS NULL
+           AND (o.locked_until = 'infinity' OR o.leased_at IS NULL AND o.attempt = 0)
+        $promote$, outbox) USING keys;
+END
+$$;
+COMMENT ON FUNCTION inbox__outbox_promote(pg_catalog.regclass, pg_catalog.text[]) IS
+    'Makes the oldest message of each key due at once, after its key''s head was settled.';
+
 -- Deletes the messages a relay published (the broker acknowledged them) while they are still
 -- that claim's; returns how many it deleted.
 CREATE OR REPLACE FUNCTION inbox_relay_sent(outbox pg_catalog.regclass, token pg_catalog.int8,
@@ -317,6 +356,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp 
 #variable_conflict use_column
 DECLARE
     deleted pg_catalog.int8;
+    keys pg_catalog.text[];
 BEGIN
     PERFORM @extschema@.inbox__required(outbox, 'outbox'),
             @extschema@.inbox__required(token, 'token'),
@@ -325,9 +365,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'duplicates must be 0 or more';
     END IF;
     EXECUTE pg_catalog.format(
-        'DELETE FROM %s WHERE id = ANY ($1) AND token = $2 AND dead_at IS NULL', outbox)
-      USING ids, token;
-    GET DIAGNOSTICS deleted = ROW_COUNT;
+        'WITH deleted AS (DELETE FROM %s WHERE id = ANY ($1) AND token = $2 AND dead_at IS NULL '
+        '                 RETURNING ordering_key) '
+        'SELECT count(*), array_agg(ordering_key) FILTER (WHERE ordering_key IS NOT NULL) FROM deleted',
+        outbox)
+      INTO deleted, keys USING ids, token;
+    PERFORM @extschema@.inbox__outbox_promote(outbox, keys);
     IF deleted > 0 THEN
         UPDATE @extschema@.inbox_relays r
            SET sent = r.sent + deleted, duplicates = r.duplicates + least(inbox_relay_sent.duplicates, deleted)
@@ -351,6 +394,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp 
 #variable_conflict use_column
 DECLARE
     recorded pg_catalog.int8;
+    dead_keys pg_catalog.text[];
 BEGIN
     PERFORM @extschema@.inbox__required(outbox, 'outbox'),
             @extschema@.inbox__required(token, 'token'),
@@ -368,7 +412,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('delay must not be negative, not %s', delay);
     END IF;
     EXECUTE pg_catalog.format($failed$
-        UPDATE %s o
+        WITH failed AS (UPDATE %s o
            SET last_error = f.error, leased_at = NULL,
                dead_at = CASE WHEN o.attempt >= $3 THEN $5 END,
                locked_until = CASE WHEN o.attempt >= $3 THEN 'infinity'::pg_catalog.timestamptz
@@ -378,9 +422,14 @@ BEGIN
                                        '5 minutes'::pg_catalog.interval)) END
           FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($6)) AS f(id, error)
          WHERE o.id = f.id AND o.token = $2 AND o.dead_at IS NULL AND o.leased_at IS NOT NULL
+        RETURNING o.ordering_key, o.dead_at IS NOT NULL AS died)
+        SELECT count(*), array_agg(ordering_key) FILTER (WHERE died AND ordering_key IS NOT NULL)
+          FROM failed
         $failed$, outbox)
+      INTO recorded, dead_keys
       USING ids, token, max_attempts, delay, pg_catalog.clock_timestamp(), errors;
-    GET DIAGNOSTICS recorded = ROW_COUNT;
+    -- A dead message no longer holds its key back.
+    PERFORM @extschema@.inbox__outbox_promote(outbox, dead_keys);
     IF recorded > 0 THEN
         UPDATE @extschema@.inbox_relays r SET failures = r.failures + recorded
          WHERE r.outbox = inbox_relay_failed.outbox;
@@ -410,7 +459,8 @@ BEGIN
     END IF;
     EXECUTE pg_catalog.format(
         'UPDATE %s SET locked_until = $1, leased_at = NULL '
-        ' WHERE leased_at IS NOT NULL AND locked_until > $1 AND dead_at IS NULL', outbox) USING at;
+        ' WHERE leased_at IS NOT NULL AND locked_until > $1 AND locked_until < ''infinity'' '
+        '   AND dead_at IS NULL', outbox) USING at;
     RETURN true;
 END
 $$;
@@ -423,7 +473,8 @@ CREATE OR REPLACE FUNCTION inbox__outbox_state(dead_at pg_catalog.timestamptz, l
 RETURNS pg_catalog.text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN dead_at IS NOT NULL THEN 'dead'
-            WHEN locked_until OPERATOR(pg_catalog.<=) at THEN 'pending'
+            WHEN locked_until OPERATOR(pg_catalog.<=) at
+              OR locked_until OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz THEN 'pending'
             WHEN leased_at IS NOT NULL THEN 'sending'
             ELSE 'retrying' END;
 COMMENT ON FUNCTION inbox__outbox_state(pg_catalog.timestamptz, pg_catalog.timestamptz, pg_catalog.timestamptz, pg_catalog.timestamptz) IS
@@ -450,7 +501,8 @@ BEGIN
         SELECT * FROM (
             SELECT m.id, @extschema@.inbox__outbox_state(m.dead_at, m.leased_at, m.locked_until, $2) AS state,
                    m.subject, m.ordering_key, m.attempt, m.published_at,
-                   CASE WHEN m.dead_at IS NULL THEN greatest(m.locked_until, m.published_at) END,
+                   CASE WHEN m.dead_at IS NULL AND m.locked_until < 'infinity'
+                        THEN greatest(m.locked_until, m.published_at) END,
                    m.last_error, m.payload, m.headers
               FROM %s m
              WHERE $1 IS NULL OR ($1 = 'dead') = (m.dead_at IS NOT NULL)

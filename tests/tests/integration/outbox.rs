@@ -495,3 +495,104 @@ async fn a_poison_message_is_dead_lettered_and_its_key_goes_on() {
     stop.cancel();
     relay.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_with_a_long_backlog_holds_back_only_itself() {
+    let db = TestDb::new().await;
+    setup(&db).await;
+    let client = db.client().await;
+    // 5,000 messages of one key, then one of each of 50 other keys.
+    client
+        .batch_execute(
+            "SELECT count(inbox_publish('events', 'events.hot', jsonb_build_object('n', g), 'hot')) \
+             FROM generate_series(1, 5000) AS g; \
+             SELECT count(inbox_publish('events', 'events.cold', '{}', 'cold-' || g)) \
+             FROM generate_series(1, 50) AS g",
+        )
+        .await
+        .unwrap();
+    // Each claim looks at four times its size: the hot key's head, and the messages behind it
+    // set aside, until the claims reach the other keys.
+    let mut claimed = Vec::new();
+    let mut claims = 0;
+    while claimed.len() < 51 {
+        let rows = client
+            .query(
+                "SELECT id, key FROM inbox_relay_claim('events', 'r', 100, '1 minute')",
+                &[],
+            )
+            .await
+            .unwrap();
+        claims += 1;
+        assert!(claims <= 20, "the other keys were not reached: {claimed:?}");
+        claimed.extend(
+            rows.iter()
+                .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1))),
+        );
+    }
+    let hot: Vec<i64> = claimed
+        .iter()
+        .filter(|(_, key)| key == "hot")
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(
+        hot.len(),
+        1,
+        "one message of the hot key in flight: {hot:?}"
+    );
+    let set_aside: i64 = client
+        .query_one(
+            "SELECT count(*) FROM events WHERE locked_until = 'infinity' AND dead_at IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(set_aside, 4999);
+    let stats = Outbox::new("events")
+        .stats(&PgDatabase::from_pool(db.pool(1)))
+        .await
+        .unwrap();
+    assert_eq!((stats.pending, stats.sending), (4999, 51));
+
+    // Sending the hot head makes the next one of its key due, and only that one.
+    let token: i64 = client
+        .query_one("SELECT max(token) FROM events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let rows = client
+        .query("SELECT id, token FROM events WHERE token IS NOT NULL", &[])
+        .await
+        .unwrap();
+    for row in rows {
+        let (id, token): (i64, i64) = (row.get(0), row.get(1));
+        assert_eq!(sent(&client, token, &[id]).await, 1);
+    }
+    let (ids, _) = claim(&client, "r").await;
+    assert_eq!(
+        ids,
+        vec![hot[0] + 1],
+        "the hot key's next, alone (token {token})"
+    );
+
+    // A head that dies lets its key go on too.
+    let (next, token) = (ids[0], claim(&client, "r").await.1);
+    assert!(token.is_none(), "nothing else is due");
+    let token: i64 = client
+        .query_one("SELECT token FROM events WHERE id = $1", &[&next])
+        .await
+        .unwrap()
+        .get(0);
+    let recorded: i64 = client
+        .query_one(
+            "SELECT inbox_relay_failed('events', $1, ARRAY[$2::int8], ARRAY['poison'], 1)",
+            &[&token, &next],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded, 1);
+    let (ids, _) = claim(&client, "r").await;
+    assert_eq!(ids, vec![next + 1]);
+}
