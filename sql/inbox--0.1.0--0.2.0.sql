@@ -7,6 +7,45 @@ DROP FUNCTION "inbox_enqueue"(regclass, jsonb, timestamp with time zone, text);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, bytea[], timestamp with time zone, text[]);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, jsonb[], timestamp with time zone, text[]);
 
+CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
+    queue pg_catalog.regclass NOT NULL,
+    name pg_catalog.text NOT NULL CHECK (name <> ''),
+    cron pg_catalog.text NOT NULL,
+    time_zone pg_catalog.text NOT NULL,
+    payload pg_catalog.jsonb NOT NULL,
+    next_tick pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (queue, name)
+);
+COMMENT ON TABLE inbox_periodic_jobs IS
+    'The schedules of inbox_schedule; their ticks become jobs in inbox_lease and inbox_lock.';
+CREATE INDEX IF NOT EXISTS inbox_periodic_jobs_due ON inbox_periodic_jobs (queue, next_tick);
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_periodic_jobs TO PUBLIC;
+ALTER TABLE inbox_periodic_jobs ENABLE ROW LEVEL SECURITY;
+DO $policies$
+DECLARE
+    policy pg_catalog.text;
+BEGIN
+    FOREACH policy IN ARRAY ARRAY['inbox_periodic_jobs_read', 'inbox_periodic_jobs_define',
+                                  'inbox_periodic_jobs_fire', 'inbox_periodic_jobs_remove'] LOOP
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy
+                    WHERE polrelid = 'inbox_periodic_jobs'::pg_catalog.regclass
+                      AND polname = policy) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_periodic_jobs', policy);
+        END IF;
+    END LOOP;
+END
+$policies$;
+CREATE POLICY inbox_periodic_jobs_read ON inbox_periodic_jobs FOR SELECT
+    USING (pg_catalog.has_table_privilege(queue, 'SELECT, INSERT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+CREATE POLICY inbox_periodic_jobs_define ON inbox_periodic_jobs FOR INSERT
+    WITH CHECK (pg_catalog.has_table_privilege(queue, 'INSERT'));
+CREATE POLICY inbox_periodic_jobs_fire ON inbox_periodic_jobs FOR UPDATE
+    USING (pg_catalog.has_table_privilege(queue, 'INSERT'));
+CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
+    USING (pg_catalog.has_table_privilege(queue, 'INSERT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+
 CREATE TABLE IF NOT EXISTS inbox_relays (
     outbox pg_catalog.regclass PRIMARY KEY,
     relay pg_catalog.text NOT NULL,
@@ -150,6 +189,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp 
 DECLARE
     id pg_catalog.int8;
     table_oid pg_catalog.int8;
+    statement_name pg_catalog.text;
 BEGIN
     PERFORM @extschema@.inbox__required(outbox, 'outbox'),
             @extschema@.inbox__required(subject, 'subject'),
@@ -157,6 +197,7 @@ BEGIN
     IF subject = '' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'subject must not be empty';
     END IF;
+    statement_name := 'inbox_publish_' || outbox::pg_catalog.oid::pg_catalog.text;
     IF headers IS NOT NULL AND (pg_catalog.jsonb_typeof(headers) <> 'object' OR EXISTS (
             SELECT FROM pg_catalog.jsonb_each(headers) AS h
              WHERE pg_catalog.jsonb_typeof(h.value) <> 'string'
@@ -172,9 +213,14 @@ BEGIN
             (table_oid - CASE WHEN table_oid > 2147483647 THEN 4294967296 ELSE 0 END)::pg_catalog.int4,
             pg_catalog.hashtext(key) | 1);
     END IF;
-    EXECUTE pg_catalog.format(
-        'INSERT INTO %s (subject, ordering_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',
-        outbox) INTO id USING subject, key, payload, headers;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements p WHERE p.name = statement_name) THEN
+        EXECUTE pg_catalog.format(
+            'PREPARE %I (pg_catalog.text, pg_catalog.text, pg_catalog.bytea, pg_catalog.jsonb) AS '
+            'INSERT INTO %s (subject, ordering_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',
+            statement_name, outbox);
+    END IF;
+    EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L)', statement_name, subject, key, payload, headers)
+       INTO id;
     PERFORM @extschema@.inbox_notify(outbox);
     RETURN id;
 END
@@ -604,45 +650,6 @@ END
 $$;
 COMMENT ON FUNCTION inbox_outboxes() IS
     'Every outbox the caller may read, with the counts of inbox_outbox_stats.';
-
-CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
-    queue pg_catalog.regclass NOT NULL,
-    name pg_catalog.text NOT NULL CHECK (name <> ''),
-    cron pg_catalog.text NOT NULL,
-    time_zone pg_catalog.text NOT NULL,
-    payload pg_catalog.jsonb NOT NULL,
-    next_tick pg_catalog.timestamptz NOT NULL,
-    PRIMARY KEY (queue, name)
-);
-COMMENT ON TABLE inbox_periodic_jobs IS
-    'The schedules of inbox_schedule; their ticks become jobs in inbox_lease and inbox_lock.';
-CREATE INDEX IF NOT EXISTS inbox_periodic_jobs_due ON inbox_periodic_jobs (queue, next_tick);
-GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_periodic_jobs TO PUBLIC;
-ALTER TABLE inbox_periodic_jobs ENABLE ROW LEVEL SECURITY;
-DO $policies$
-DECLARE
-    policy pg_catalog.text;
-BEGIN
-    FOREACH policy IN ARRAY ARRAY['inbox_periodic_jobs_read', 'inbox_periodic_jobs_define',
-                                  'inbox_periodic_jobs_fire', 'inbox_periodic_jobs_remove'] LOOP
-        IF EXISTS (SELECT FROM pg_catalog.pg_policy
-                    WHERE polrelid = 'inbox_periodic_jobs'::pg_catalog.regclass
-                      AND polname = policy) THEN
-            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_periodic_jobs', policy);
-        END IF;
-    END LOOP;
-END
-$policies$;
-CREATE POLICY inbox_periodic_jobs_read ON inbox_periodic_jobs FOR SELECT
-    USING (pg_catalog.has_table_privilege(queue, 'SELECT, INSERT')
-           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
-CREATE POLICY inbox_periodic_jobs_define ON inbox_periodic_jobs FOR INSERT
-    WITH CHECK (pg_catalog.has_table_privilege(queue, 'INSERT'));
-CREATE POLICY inbox_periodic_jobs_fire ON inbox_periodic_jobs FOR UPDATE
-    USING (pg_catalog.has_table_privilege(queue, 'INSERT'));
-CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
-    USING (pg_catalog.has_table_privilege(queue, 'INSERT')
-           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
 
