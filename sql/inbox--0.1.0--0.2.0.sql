@@ -295,8 +295,12 @@ BEGIN
         picked AS (SELECT id FROM scanned WHERE head ORDER BY id LIMIT $4),
         set_aside AS (
             UPDATE %1$s w SET locked_until = 'infinity'
-              FROM scanned WHERE w.id = scanned.id AND NOT scanned.head
-               AND w.locked_until > '-infinity'),
+              FROM scanned
+             WHERE w.id = scanned.id AND NOT scanned.head
+               AND (SELECT count(*) FROM picked) * 2 < $4
+               AND EXISTS (SELECT FROM %1$s e
+                            WHERE e.ordering_key = w.ordering_key AND e.dead_at IS NULL AND e.id < w.id
+                            ORDER BY e.id LIMIT 1 FOR SHARE OF e)),
         claimed AS (
             UPDATE %1$s o SET attempt = o.attempt + 1, locked_until = $3, leased_at = $2, token = $1
               FROM picked WHERE o.id = picked.id
@@ -336,8 +340,7 @@ BEGIN
                          WHERE e.ordering_key = k.key AND e.dead_at IS NULL
                          ORDER BY e.id LIMIT 1) AS id
                   FROM (SELECT DISTINCT pg_catalog.unnest($1) AS key) AS k) AS heads
-         WHERE o.id = heads.id AND o.dead_at IS NULL
-           AND (o.locked_until = 'infinity' OR o.leased_at IS NULL AND o.attempt = 0)
+         WHERE o.id = heads.id AND o.dead_at IS NULL AND o.locked_until = 'infinity'
         $promote$, outbox) USING keys;
 END
 $$;

@@ -43,9 +43,9 @@ SET LOCAL client_min_messages = warning;
 -- A message behind its key's head is set aside by the claim that meets it (locked_until =
 -- 'infinity', out of the claims' index), so a key with a long backlog costs each later claim
 -- nothing; settling the head (sent, or dead) makes the key's next message due again ('-infinity').
--- Only a claim sets a message aside, and only one never made due that way (locked_until above
--- '-infinity'): a claim working from an older snapshot than a settlement's cannot set aside a
--- message that settlement made due (it re-reads the row it updates, and skips it).
+-- Only a claim sets a message aside, while a message of its key before it stays locked by the
+-- claim (FOR SHARE), so that a settlement of that message waits for the claim and then finds the
+-- message set aside: none stays aside behind nothing.
 --
 -- The table is shaped like a queue (id, attempt, locked_until, payload), so that relays sleep and
 -- wake through the queues' own functions (inbox_sleep, inbox_channel, inbox_notify); its
@@ -313,8 +313,11 @@ BEGIN
             RETURN;  -- another relay holds the lease
         END IF;
     END IF;
-    -- Looks at up to four times `max` due messages: the heads among them are claimed, the others
-    -- set aside, so that the next claim looks past them.
+    -- Looks at up to four times `max` due messages and claims the heads among them. When the
+    -- others crowd the window (fewer than half of `max` heads in it: a few keys with backlogs),
+    -- it sets them aside, so that the next claim looks past them; each still behind a message of
+    -- its key, locked FOR SHARE until this commits, so that the settlement of that message (a
+    -- delete or a dead-lettering) waits and then finds it set aside, and makes it due again.
     RETURN QUERY EXECUTE pg_catalog.format($claim$
         WITH scanned AS (
             SELECT m.id, m.ordering_key IS NULL OR NOT EXISTS (
@@ -329,8 +332,12 @@ BEGIN
         picked AS (SELECT id FROM scanned WHERE head ORDER BY id LIMIT $4),
         set_aside AS (
             UPDATE %1$s w SET locked_until = 'infinity'
-              FROM scanned WHERE w.id = scanned.id AND NOT scanned.head
-               AND w.locked_until > '-infinity'),
+              FROM scanned
+             WHERE w.id = scanned.id AND NOT scanned.head
+               AND (SELECT count(*) FROM picked) * 2 < $4
+               AND EXISTS (SELECT FROM %1$s e
+                            WHERE e.ordering_key = w.ordering_key AND e.dead_at IS NULL AND e.id < w.id
+                            ORDER BY e.id LIMIT 1 FOR SHARE OF e)),
         claimed AS (
             UPDATE %1$s o SET attempt = o.attempt + 1, locked_until = $3, leased_at = $2, token = $1
               FROM picked WHERE o.id = picked.id
@@ -359,7 +366,7 @@ $$;
 COMMENT ON FUNCTION inbox_relay_lease(pg_catalog.regclass) IS
     'The relay holding (or last holding) the outbox''s lease, its last token, and until when it holds it.';
 
--- Makes the oldest message of each of `keys` due at once ('-infinity'), unless a relay holds it:
+-- Makes the oldest message of each of `keys` due at once ('-infinity') if a claim set it aside:
 -- after a settlement took its key's head away. One index probe per key.
 CREATE OR REPLACE FUNCTION inbox__outbox_promote(outbox pg_catalog.regclass, keys pg_catalog.text[])
 RETURNS void
@@ -374,8 +381,7 @@ BEGIN
                          WHERE e.ordering_key = k.key AND e.dead_at IS NULL
                          ORDER BY e.id LIMIT 1) AS id
                   FROM (SELECT DISTINCT pg_catalog.unnest($1) AS key) AS k) AS heads
-         WHERE o.id = heads.id AND o.dead_at IS NULL
-           AND (o.locked_until = 'infinity' OR o.leased_at IS NULL AND o.attempt = 0)
+         WHERE o.id = heads.id AND o.dead_at IS NULL AND o.locked_until = 'infinity'
         $promote$, outbox) USING keys;
 END
 $$;
