@@ -3,7 +3,8 @@
 //!
 //! One round: `inbox_relay_claim` (which renews the lease) takes each key's head, up to a batch;
 //! the sink publishes the batch; `inbox_relay_sent` deletes what the broker acknowledged and
-//! `inbox_relay_failed` schedules the rest for a retry. Every statement is unnamed with its
+//! `inbox_relay_failed` schedules the rest for a retry, in one transaction with the next round's
+//! claim (one commit a round, not two). Every statement is unnamed with its
 //! parameter types, so a relay works through a pooler in transaction mode too.
 //!
 //! Idle, the holder sleeps on the outbox as workers sleep on a queue (`inbox_sleep`, on a LISTEN
@@ -155,8 +156,9 @@ impl<S: Sink> Relay<S> {
     pub async fn run(self, stop: CancellationToken) -> Result<(), DbError> {
         let mut listener = Listener::new(&self.db, &self.outbox);
         let mut backoff = Duration::from_millis(100);
+        let mut pending = None;
         while !stop.is_cancelled() {
-            match self.round().await {
+            match self.round(&mut pending).await {
                 Ok(Round::Worked) => {
                     backoff = Duration::from_millis(100);
                     listener.worked();
@@ -188,6 +190,7 @@ impl<S: Sink> Relay<S> {
                 }
             }
         }
+        self.settle_alone(&mut pending).await?;
         let client = self.db.pool().get().await?;
         query(
             &client,
@@ -198,21 +201,33 @@ impl<S: Sink> Relay<S> {
         Ok(())
     }
 
-    /// One claim, its publishes and their settlement.
-    async fn round(&self) -> Result<Round, DbError> {
-        let client = self.db.pool().get().await?;
+    /// One round: the previous round's settlement and the next claim in one transaction (one
+    /// commit for both), then the claim's publishes, whose outcomes `pending` keeps for the next
+    /// round. A settlement that did not commit is kept and tried again: it acts only on messages
+    /// still the claim's.
+    async fn round(&self, pending: &mut Option<Settlement>) -> Result<Round, DbError> {
+        let mut client = self.db.pool().get().await?;
         let lease = format!("{} milliseconds", self.lease.as_millis());
-        let rows = query(
-            &client,
-            sql::CLAIM,
-            &[
-                (&self.outbox, Type::TEXT),
-                (&self.name, Type::TEXT),
-                (&self.batch, Type::INT4),
-                (&lease, Type::TEXT),
-            ],
-        )
-        .await?;
+        let tx = client.transaction().await?;
+        let settled = match pending.as_ref() {
+            Some(settlement) => Some(self.settle(&tx, settlement).await?),
+            None => None,
+        };
+        let rows = tx
+            .query_typed(
+                sql::CLAIM,
+                &[
+                    (&self.outbox, Type::TEXT),
+                    (&self.name, Type::TEXT),
+                    (&self.batch, Type::INT4),
+                    (&lease, Type::TEXT),
+                ],
+            )
+            .await?;
+        tx.commit().await?;
+        if let (Some(settlement), Some(deleted)) = (pending.take(), settled) {
+            self.count(&settlement, deleted);
+        }
         if rows.is_empty() {
             return self.holder(&client).await;
         }
@@ -238,61 +253,94 @@ impl<S: Sink> Relay<S> {
                 vec![Delivery::Failed(format!("publish timed out after {bound:?}")); batch.len()]
             }
         };
-        let (mut sent, mut duplicates, mut failed, mut errors) =
-            (Vec::new(), 0, Vec::new(), Vec::new());
+        let mut settlement = Settlement {
+            token,
+            ..Settlement::default()
+        };
         for (message, delivery) in batch.iter().zip(deliveries) {
             match delivery {
                 Delivery::Sent { duplicate } => {
-                    sent.push(message.id);
-                    duplicates += i32::from(duplicate);
+                    settlement.sent.push(message.id);
+                    settlement.duplicates += i32::from(duplicate);
                 }
                 Delivery::Failed(error) => {
-                    failed.push(message.id);
-                    errors.push(error);
+                    settlement.failed.push(message.id);
+                    settlement.errors.push(error);
                 }
             }
         }
-        if !sent.is_empty() {
-            let deleted = query(
-                &client,
-                sql::SENT,
-                &[
-                    (&self.outbox, Type::TEXT),
-                    (&token, Type::INT8),
-                    (&sent, Type::INT8_ARRAY),
-                    (&duplicates, Type::INT4),
-                ],
-            )
-            .await?;
-            let deleted: i64 = deleted[0].try_get(0)?;
-            self.counts
-                .sent
-                .fetch_add(deleted as u64, Ordering::Relaxed);
-            self.counts
-                .duplicates
-                .fetch_add(duplicates as u64, Ordering::Relaxed);
+        if let Some(error) = settlement.errors.first() {
+            tracing::warn!(outbox = %self.outbox, failed = settlement.failed.len(), first_error = %error, "publishes failed");
         }
-        if !failed.is_empty() {
-            tracing::warn!(outbox = %self.outbox, failed = failed.len(), first_error = %errors[0], "publishes failed");
-            query(
-                &client,
+        *pending = Some(settlement);
+        self.counts.batches.fetch_add(1, Ordering::Relaxed);
+        self.counts.leading.store(true, Ordering::Relaxed);
+        Ok(Round::Worked)
+    }
+
+    /// Records a round's outcomes in `tx`: deletes what the broker has, schedules the rest for a
+    /// retry (or the dead letters). Returns how many messages it deleted.
+    async fn settle(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        settlement: &Settlement,
+    ) -> Result<i64, DbError> {
+        let mut deleted = 0;
+        if !settlement.sent.is_empty() {
+            let rows = tx
+                .query_typed(
+                    sql::SENT,
+                    &[
+                        (&self.outbox, Type::TEXT),
+                        (&settlement.token, Type::INT8),
+                        (&settlement.sent, Type::INT8_ARRAY),
+                        (&settlement.duplicates, Type::INT4),
+                    ],
+                )
+                .await?;
+            deleted = rows[0].try_get(0)?;
+        }
+        if !settlement.failed.is_empty() {
+            tx.query_typed(
                 sql::FAILED,
                 &[
                     (&self.outbox, Type::TEXT),
-                    (&token, Type::INT8),
-                    (&failed, Type::INT8_ARRAY),
-                    (&errors, Type::TEXT_ARRAY),
+                    (&settlement.token, Type::INT8),
+                    (&settlement.failed, Type::INT8_ARRAY),
+                    (&settlement.errors, Type::TEXT_ARRAY),
                     (&self.max_attempts, Type::INT4),
                 ],
             )
             .await?;
-            self.counts
-                .failed
-                .fetch_add(failed.len() as u64, Ordering::Relaxed);
         }
-        self.counts.batches.fetch_add(1, Ordering::Relaxed);
-        self.counts.leading.store(true, Ordering::Relaxed);
-        Ok(Round::Worked)
+        Ok(deleted)
+    }
+
+    /// Settles `pending` in a transaction of its own (at shutdown).
+    async fn settle_alone(&self, pending: &mut Option<Settlement>) -> Result<(), DbError> {
+        let Some(settlement) = pending.as_ref() else {
+            return Ok(());
+        };
+        let mut client = self.db.pool().get().await?;
+        let tx = client.transaction().await?;
+        let deleted = self.settle(&tx, settlement).await?;
+        tx.commit().await?;
+        if let Some(settlement) = pending.take() {
+            self.count(&settlement, deleted);
+        }
+        Ok(())
+    }
+
+    fn count(&self, settlement: &Settlement, deleted: i64) {
+        self.counts
+            .sent
+            .fetch_add(deleted.max(0) as u64, Ordering::Relaxed);
+        self.counts
+            .duplicates
+            .fetch_add(settlement.duplicates.max(0) as u64, Ordering::Relaxed);
+        self.counts
+            .failed
+            .fetch_add(settlement.failed.len() as u64, Ordering::Relaxed);
     }
 
     /// After an empty claim: whether this relay holds the lease, or until when another does.
@@ -324,6 +372,16 @@ impl<S: Sink> Relay<S> {
             message_id: format!("{}:{id}", self.outbox),
         })
     }
+}
+
+/// What became of a round's messages, recorded in the next round's transaction.
+#[derive(Default)]
+struct Settlement {
+    token: i64,
+    sent: Vec<i64>,
+    duplicates: i32,
+    failed: Vec<i64>,
+    errors: Vec<String>,
 }
 
 enum Round {

@@ -356,6 +356,11 @@ async fn a_relay_delivers_every_committed_message_once_in_order_per_key() {
     let committed = committed.lock().unwrap().clone();
     let messages = read_stream(&stream, committed.len() + 10).await;
     check_stream(&messages, &committed, "events");
+    // The relay counts a settlement once its commit is answered, a moment after the outbox drains.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counts.sent() < committed.len() as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(counts.sent(), committed.len() as u64);
     stop.cancel();
     relay.await.unwrap();
