@@ -32,14 +32,31 @@ FUNCTION = re.compile(
 )
 
 
+DOLLAR_QUOTE = re.compile(r"\$[A-Za-z_]*\$")
+
+
+def without_comment_lines(body):
+    """The lines of `body` but its comment lines (pgrx's source locations among them), keeping
+    those inside a dollar-quoted function body, which are part of the function's source."""
+    kept, quote = [], None
+    for line in body.splitlines():
+        if quote is None and line.lstrip().startswith("--"):
+            continue
+        kept.append(line)
+        for tag in DOLLAR_QUOTE.findall(line):
+            if quote is None:
+                quote = tag
+            elif tag == quote:
+                quote = None
+    return "\n".join(kept)
+
+
 def blocks(path):
     """The install script's blocks, without pgrx's source-location comments."""
     text = open(path, encoding="utf-8").read()
     found = []
     for chunk in text.split(BEGIN)[1:]:
-        body = chunk.split(END)[0]
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        body = "\n".join(lines).strip()
+        body = without_comment_lines(chunk.split(END)[0]).strip()
         if body:
             found.append(body)
     return found

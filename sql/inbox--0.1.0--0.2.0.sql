@@ -114,6 +114,7 @@ BEGIN
       FROM pg_catalog.unnest(parts) AS p;
     existing := pg_catalog.to_regclass(qualified);
     IF existing IS NULL THEN
+        -- Every message is inserted once and deleted once: autovacuum visits often.
         EXECUTE pg_catalog.format(
             'CREATE TABLE %s ( '
             '    id pg_catalog.int8 GENERATED ALWAYS AS IDENTITY PRIMARY KEY, '
@@ -131,6 +132,8 @@ BEGIN
             ') WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, '
             '        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, '
             '        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05)', qualified);
+        -- A claim walks the messages neither dead nor set aside in id order, and looks up each
+        -- keyed one's predecessors in its key.
         EXECUTE pg_catalog.format(
             'CREATE INDEX ON %s (id) WHERE dead_at IS NULL AND locked_until < ''infinity''', qualified);
         EXECUTE pg_catalog.format(
@@ -139,6 +142,7 @@ BEGIN
         EXECUTE pg_catalog.format('CREATE INDEX ON %s (dead_at, id) WHERE dead_at IS NOT NULL', qualified);
         existing := qualified::pg_catalog.regclass;
     END IF;
+    -- An existing table must have every column of the outbox, of its type.
     DECLARE
         wanted record;
         actual pg_catalog.regtype;
@@ -208,11 +212,17 @@ BEGIN
             MESSAGE = 'headers must be a JSON object of strings or arrays of strings';
     END IF;
     IF key IS NOT NULL THEN
+        -- Held until the transaction ends: the next publisher of this key draws its id after
+        -- this one committed. The second key is odd, apart from the even keys the wake-ups use.
         table_oid := outbox::pg_catalog.oid::pg_catalog.int8;
         PERFORM pg_catalog.pg_advisory_xact_lock(
             (table_oid - CASE WHEN table_oid > 2147483647 THEN 4294967296 ELSE 0 END)::pg_catalog.int4,
             pg_catalog.hashtext(key) | 1);
     END IF;
+    -- The insert is planned once per session and outbox (a plain EXECUTE ... USING would plan it
+    -- at every call, most of a publish's cost): a session's DEALLOCATE ALL or DISCARD ALL, or a
+    -- pooler's next server connection, costs one PREPARE. A utility statement takes no
+    -- parameters, so the values travel as literals.
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements p WHERE p.name = statement_name) THEN
         EXECUTE pg_catalog.format(
             'PREPARE %I (pg_catalog.text, pg_catalog.text, pg_catalog.bytea, pg_catalog.jsonb) AS '
@@ -266,6 +276,7 @@ BEGIN
     ELSIF lease <= '0'::pg_catalog.interval OR NOT pg_catalog.isfinite(lease) THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('lease must be positive, not %s', lease);
     END IF;
+    -- The lease row is locked until this transaction ends: of racing relays, one holds it.
     UPDATE @extschema@.inbox_relays r
        SET relay = inbox_relay_claim.relay, token = r.token + 1, leased_until = at + lease,
            since = CASE WHEN r.relay = inbox_relay_claim.relay AND r.leased_until > at THEN r.since ELSE at END
@@ -281,6 +292,11 @@ BEGIN
             RETURN;  -- another relay holds the lease
         END IF;
     END IF;
+    -- Looks at up to four times `max` due messages and claims the heads among them. When the
+    -- others crowd the window (fewer than half of `max` heads in it: a few keys with backlogs),
+    -- it sets them aside, so that the next claim looks past them; each still behind a message of
+    -- its key, locked FOR SHARE until this commits, so that the settlement of that message (a
+    -- delete or a dead-lettering) waits and then finds it set aside, and makes it due again.
     RETURN QUERY EXECUTE pg_catalog.format($claim$
         WITH scanned AS (
             SELECT m.id, m.ordering_key IS NULL OR NOT EXISTS (
@@ -423,6 +439,7 @@ BEGIN
         $failed$, outbox)
       INTO recorded, dead_keys
       USING ids, token, max_attempts, delay, pg_catalog.clock_timestamp(), errors;
+    -- A dead message no longer holds its key back.
     PERFORM @extschema@.inbox__outbox_promote(outbox, dead_keys);
     IF recorded > 0 THEN
         UPDATE @extschema@.inbox_relays r SET failures = r.failures + recorded
@@ -597,6 +614,7 @@ BEGIN
     sent := coalesce(sent, 0);
     duplicates := coalesce(duplicates, 0);
     failures := coalesce(failures, 0);
+    -- The key locks of inbox_publish_bytes: (outbox, odd key) in the two-key form (objsubid 2).
     SELECT at - min(a.xact_start) INTO oldest_publisher_age
       FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
