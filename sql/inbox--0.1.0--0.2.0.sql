@@ -264,6 +264,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp 
 DECLARE
     at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     claim_token pg_catalog.int8;
+    claimed pg_catalog.int8;
 BEGIN
     PERFORM @extschema@.inbox__required(outbox, 'outbox'),
             @extschema@.inbox__required(relay, 'relay'),
@@ -292,38 +293,49 @@ BEGIN
             RETURN;  -- another relay holds the lease
         END IF;
     END IF;
-    -- Looks at up to four times `max` due messages and claims the heads among them. When the
-    -- others crowd the window (fewer than half of `max` heads in it: a few keys with backlogs),
-    -- it sets them aside, so that the next claim looks past them; each still behind a message of
-    -- its key, locked FOR SHARE until this commits, so that the settlement of that message (a
-    -- delete or a dead-lettering) waits and then finds it set aside, and makes it due again.
+    -- Claims the heads among the first `max` × 4 due messages, in id order, stopping at `max`:
+    -- where keys are many it looks at little more than the messages it takes.
     RETURN QUERY EXECUTE pg_catalog.format($claim$
-        WITH scanned AS (
-            SELECT m.id, m.ordering_key IS NULL OR NOT EXISTS (
-                       SELECT FROM %1$s e
-                        WHERE e.ordering_key = m.ordering_key AND e.dead_at IS NULL AND e.id < m.id)
-                   AS head
-              FROM %1$s m
-             WHERE m.dead_at IS NULL AND m.locked_until <= $2 AND m.locked_until < 'infinity'
-             ORDER BY m.id
-             LIMIT $4::pg_catalog.int8 * 4
-             FOR UPDATE OF m SKIP LOCKED),
-        picked AS (SELECT id FROM scanned WHERE head ORDER BY id LIMIT $4),
-        set_aside AS (
-            UPDATE %1$s w SET locked_until = 'infinity'
-              FROM scanned
-             WHERE w.id = scanned.id AND NOT scanned.head
-               AND (SELECT count(*) FROM picked) * 2 < $4
-               AND EXISTS (SELECT FROM %1$s e
-                            WHERE e.ordering_key = w.ordering_key AND e.dead_at IS NULL AND e.id < w.id
-                            ORDER BY e.id LIMIT 1 FOR SHARE OF e)),
+        WITH picked AS (
+            SELECT s.id
+              FROM (SELECT m.id, m.ordering_key FROM %1$s m
+                     WHERE m.dead_at IS NULL AND m.locked_until <= $2 AND m.locked_until < 'infinity'
+                     ORDER BY m.id
+                     LIMIT $4::pg_catalog.int8 * 4) AS s
+             WHERE s.ordering_key IS NULL OR NOT EXISTS (
+                   SELECT FROM %1$s e
+                    WHERE e.ordering_key = s.ordering_key AND e.dead_at IS NULL AND e.id < s.id)
+             LIMIT $4),
+        locked AS (
+            SELECT o.id FROM %1$s o
+             WHERE o.id IN (SELECT id FROM picked) AND o.dead_at IS NULL AND o.locked_until <= $2
+               FOR UPDATE SKIP LOCKED),
         claimed AS (
             UPDATE %1$s o SET attempt = o.attempt + 1, locked_until = $3, leased_at = $2, token = $1
-              FROM picked WHERE o.id = picked.id
+              FROM locked WHERE o.id = locked.id
             RETURNING o.id, o.token, o.attempt, o.subject, o.ordering_key, o.payload, o.headers,
                       o.published_at)
         SELECT * FROM claimed ORDER BY id
         $claim$, outbox) USING claim_token, at, at + lease, max;
+    GET DIAGNOSTICS claimed = ROW_COUNT;
+    -- Fewer than half of `max`: the window is crowded by messages behind their keys' heads (a few
+    -- keys with backlogs), or nearly empty. Those are set aside, so that the next claim looks past
+    -- them; each while a message of its key before it is locked FOR SHARE until this commits, so
+    -- that the settlement of that message (a delete or a dead-lettering) waits, then finds it set
+    -- aside and makes it due again.
+    IF claimed * 2 < max THEN
+        EXECUTE pg_catalog.format($set_aside$
+            UPDATE %1$s w SET locked_until = 'infinity'
+              FROM (SELECT m.id FROM %1$s m
+                     WHERE m.dead_at IS NULL AND m.locked_until <= $1 AND m.locked_until < 'infinity'
+                     ORDER BY m.id
+                     LIMIT $2::pg_catalog.int8 * 4) AS s
+             WHERE w.id = s.id AND w.ordering_key IS NOT NULL AND w.locked_until > '-infinity'
+               AND EXISTS (SELECT FROM %1$s e
+                            WHERE e.ordering_key = w.ordering_key AND e.dead_at IS NULL AND e.id < w.id
+                            ORDER BY e.id LIMIT 1 FOR SHARE OF e)
+            $set_aside$, outbox) USING at, max;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION inbox_relay_claim(pg_catalog.regclass, pg_catalog.text, pg_catalog.int4, pg_catalog.interval) IS
