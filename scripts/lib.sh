@@ -216,7 +216,9 @@ ensure_postgres() {
     psql -X -w -d postgres -Atqc 'SELECT 1' </dev/null >/dev/null 2>&1; then
     echo "using the PostgreSQL on 127.0.0.1:5432"
   else
-    PGPORT=54329
+    # INBOX_PG_THROWAWAY_PORT: where the search for a free port starts (stages started side by
+    # side start theirs apart, so that two searches cannot pick the same port).
+    PGPORT=${INBOX_PG_THROWAWAY_PORT:-54329}
     while _port_in_use "$PGPORT"; do PGPORT=$((PGPORT + 1)); done
     INBOX_PG_DIR="$(mktemp -d /tmp/inbox-pg.XXXXXX)"
     on_exit "remove_pg_dir '$INBOX_PG_DIR'"

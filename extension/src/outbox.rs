@@ -4,4 +4,9 @@
 
 use pgrx::prelude::*;
 
-extension_sql_file!("../../sql/shared/outbox.sql", name = "outbox");
+// After the schedules' table: the install script keeps one order of its blocks.
+extension_sql_file!(
+    "../../sql/shared/outbox.sql",
+    name = "outbox",
+    requires = ["periodic_jobs"]
+);
