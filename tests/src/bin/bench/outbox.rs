@@ -336,9 +336,12 @@ async fn latency(ctx: &Ctx, nats: &NatsServer, listen: bool) -> Result<(f64, f64
         .create_consumer(jetstream::consumer::pull::OrderedConfig::default())
         .await?;
     let mut messages = consumer.messages().await?;
+    // When each message's transaction was seen committed (its producer's COMMIT returned), by id.
+    let committed = Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
     let mut producers = Vec::new();
     for producer in 0..4_i64 {
         let client = ctx.connect().await?;
+        let committed = committed.clone();
         producers.push(tokio::spawn(async move {
             let mut next = Instant::now();
             for n in 0..per_producer {
@@ -355,15 +358,15 @@ async fn latency(ctx: &Ctx, nats: &NatsServer, listen: bool) -> Result<(f64, f64
                     .await?
                     .get(0);
                 client.batch_execute("COMMIT").await?;
-                COMMITTED.with_id(id, micros_now());
+                committed.lock().unwrap().insert(id, micros_now());
             }
             Ok::<_, tokio_postgres::Error>(())
         }));
     }
     let total = 4 * per_producer as usize;
-    let mut latencies = Vec::with_capacity(total);
+    let mut arrivals = Vec::with_capacity(total);
     let deadline = Instant::now() + Duration::from_secs(120);
-    while latencies.len() < total && Instant::now() < deadline {
+    while arrivals.len() < total && Instant::now() < deadline {
         let Ok(Some(message)) = tokio::time::timeout(Duration::from_secs(5), messages.next()).await
         else {
             break;
@@ -379,44 +382,26 @@ async fn latency(ctx: &Ctx, nats: &NatsServer, listen: bool) -> Result<(f64, f64
                     .rsplit_once(':')
                     .and_then(|(_, n)| n.parse().ok())
             });
-        if let Some(committed) = id.and_then(|id| COMMITTED.take(id)) {
-            latencies.push(arrived.saturating_sub(committed) as f64 / 1e6);
+        if let Some(id) = id {
+            arrivals.push((id, arrived));
         }
     }
     for producer in producers {
         producer.await??;
     }
+    // A message can reach the stream before its producer's COMMIT returned: its latency is 0.
+    let mut latencies: Vec<f64> = {
+        let committed = committed.lock().unwrap();
+        arrivals
+            .iter()
+            .filter_map(|(id, arrived)| committed.get(id).map(|at| arrived.saturating_sub(*at)))
+            .map(|micros| micros as f64 / 1e6)
+            .collect()
+    };
     stop.cancel();
     running.await??;
     latencies.sort_by(f64::total_cmp);
     Ok((percentile(&latencies, 50.0), percentile(&latencies, 99.0)))
-}
-
-/// When each message's transaction was seen committed, by id (the producers record it after
-/// their COMMIT returns; the consumer takes it when the message arrives).
-static COMMITTED: Committed = Committed(std::sync::Mutex::new(None));
-
-struct Committed(std::sync::Mutex<Option<std::collections::HashMap<i64, u64>>>);
-
-impl Committed {
-    fn with_id(&self, id: i64, at: u64) {
-        self.0
-            .lock()
-            .unwrap()
-            .get_or_insert_with(Default::default)
-            .insert(id, at);
-    }
-
-    /// The commit time of `id`, waiting a moment for its producer to record it.
-    fn take(&self, id: i64) -> Option<u64> {
-        for _ in 0..100 {
-            if let Some(at) = self.0.lock().unwrap().as_mut().and_then(|m| m.remove(&id)) {
-                return Some(at);
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        None
-    }
 }
 
 /// Transactions per second of 8 producers inserting a refund each, with or without publishing
