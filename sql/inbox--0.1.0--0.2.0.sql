@@ -185,74 +185,6 @@ $$;
 COMMENT ON FUNCTION inbox__required(anyelement, pg_catalog.text) IS
     'The value, or 22004 naming the argument when it is NULL.';
 
-CREATE OR REPLACE FUNCTION inbox_publish_bytes(outbox pg_catalog.regclass, subject pg_catalog.text,
-                                               payload pg_catalog.bytea, key pg_catalog.text DEFAULT NULL,
-                                               headers pg_catalog.jsonb DEFAULT NULL)
-RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    id pg_catalog.int8;
-    table_oid pg_catalog.int8;
-    statement_name pg_catalog.text;
-BEGIN
-    PERFORM @extschema@.inbox__required(outbox, 'outbox'),
-            @extschema@.inbox__required(subject, 'subject'),
-            @extschema@.inbox__required(payload, 'payload');
-    IF subject = '' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'subject must not be empty';
-    END IF;
-    statement_name := 'inbox_publish_' || outbox::pg_catalog.oid::pg_catalog.text;
-    IF headers IS NOT NULL AND (pg_catalog.jsonb_typeof(headers) <> 'object' OR EXISTS (
-            SELECT FROM pg_catalog.jsonb_each(headers) AS h
-             WHERE pg_catalog.jsonb_typeof(h.value) <> 'string'
-               AND (pg_catalog.jsonb_typeof(h.value) <> 'array' OR EXISTS (
-                    SELECT FROM pg_catalog.jsonb_array_elements(h.value) AS v
-                     WHERE pg_catalog.jsonb_typeof(v) <> 'string')))) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'headers must be a JSON object of strings or arrays of strings';
-    END IF;
-    IF key IS NOT NULL THEN
-        -- Held until the transaction ends: the next publisher of this key draws its id after
-        -- this one committed. The second key is odd, apart from the even keys the wake-ups use.
-        table_oid := outbox::pg_catalog.oid::pg_catalog.int8;
-        PERFORM pg_catalog.pg_advisory_xact_lock(
-            (table_oid - CASE WHEN table_oid > 2147483647 THEN 4294967296 ELSE 0 END)::pg_catalog.int4,
-            pg_catalog.hashtext(key) | 1);
-    END IF;
-    -- The insert is planned once per session and outbox (a plain EXECUTE ... USING would plan it
-    -- at every call, most of a publish's cost): a session's DEALLOCATE ALL or DISCARD ALL, or a
-    -- pooler's next server connection, costs one PREPARE. A utility statement takes no
-    -- parameters, so the values travel as literals.
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements p WHERE p.name = statement_name) THEN
-        EXECUTE pg_catalog.format(
-            'PREPARE %I (pg_catalog.text, pg_catalog.text, pg_catalog.bytea, pg_catalog.jsonb) AS '
-            'INSERT INTO %s (subject, ordering_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',
-            statement_name, outbox);
-    END IF;
-    EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L)', statement_name, subject, key, payload, headers)
-       INTO id;
-    PERFORM @extschema@.inbox_notify(outbox);
-    RETURN id;
-END
-$$;
-COMMENT ON FUNCTION inbox_publish_bytes(pg_catalog.regclass, pg_catalog.text, pg_catalog.bytea, pg_catalog.text, pg_catalog.jsonb) IS
-    'Records a message (bytes) in the outbox inside the caller''s transaction; returns its id.';
-
-CREATE OR REPLACE FUNCTION inbox_publish(outbox pg_catalog.regclass, subject pg_catalog.text,
-                                         payload pg_catalog.jsonb, key pg_catalog.text DEFAULT NULL,
-                                         headers pg_catalog.jsonb DEFAULT NULL)
-RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN @extschema@.inbox_publish_bytes(
-        outbox, subject,
-        pg_catalog.convert_to(@extschema@.inbox__required(payload, 'payload')::pg_catalog.text, 'UTF8'),
-        key, headers);
-END
-$$;
-COMMENT ON FUNCTION inbox_publish(pg_catalog.regclass, pg_catalog.text, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb) IS
-    'Records a message (JSON, sent as its UTF-8 text) in the outbox inside the caller''s transaction; returns its id.';
-
 CREATE OR REPLACE FUNCTION inbox_relay_claim(outbox pg_catalog.regclass, relay pg_catalog.text,
                                              max pg_catalog.int4 DEFAULT 100,
                                              lease pg_catalog.interval DEFAULT '30 seconds')
@@ -684,7 +616,106 @@ $$;
 COMMENT ON FUNCTION inbox_outboxes() IS
     'Every outbox the caller may read, with the counts of inbox_outbox_stats.';
 
+CREATE TABLE IF NOT EXISTS inbox_queue_controls (
+    queue pg_catalog.regclass PRIMARY KEY,
+    paused_at pg_catalog.timestamptz
+);
+COMMENT ON TABLE inbox_queue_controls IS
+    'Which queues are paused (inbox_pause, inbox_resume).';
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
+ALTER TABLE inbox_queue_controls ENABLE ROW LEVEL SECURITY;
+DO $policies$
+DECLARE
+    policy pg_catalog.text;
+BEGIN
+    FOREACH policy IN ARRAY ARRAY['inbox_queue_controls_read', 'inbox_queue_controls_add',
+                                  'inbox_queue_controls_change', 'inbox_queue_controls_remove'] LOOP
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy
+                    WHERE polrelid = 'inbox_queue_controls'::pg_catalog.regclass AND polname = policy) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_queue_controls', policy);
+        END IF;
+    END LOOP;
+END
+$policies$;
+CREATE POLICY inbox_queue_controls_read ON inbox_queue_controls FOR SELECT
+    USING (pg_catalog.has_table_privilege(queue, 'SELECT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+CREATE POLICY inbox_queue_controls_add ON inbox_queue_controls FOR INSERT
+    WITH CHECK (pg_catalog.has_table_privilege(queue, 'UPDATE'));
+CREATE POLICY inbox_queue_controls_change ON inbox_queue_controls FOR UPDATE
+    USING (pg_catalog.has_table_privilege(queue, 'UPDATE'));
+CREATE POLICY inbox_queue_controls_remove ON inbox_queue_controls FOR DELETE
+    USING (pg_catalog.has_table_privilege(queue, 'UPDATE')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+
+CREATE OR REPLACE FUNCTION inbox__check_queue(queue pg_catalog.regclass) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    missing pg_catalog.name;
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    SELECT wanted INTO missing
+      FROM pg_catalog.unnest(ARRAY['id', 'attempt', 'locked_until', 'payload']::pg_catalog.name[]) AS wanted
+     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = queue AND a.attname = wanted
+                          AND a.attnum > 0 AND NOT a.attisdropped)
+     LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s is not a queue: it has no column "%s"', queue, missing);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox__check_queue(pg_catalog.regclass) IS
+    'Raises 22004 or 42703 unless the table has the columns of a queue.';
+
+CREATE OR REPLACE FUNCTION inbox_pause(queue pg_catalog.regclass) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    paused pg_catalog.bool;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    INSERT INTO @extschema@.inbox_queue_controls AS c (queue, paused_at)
+    VALUES (queue, pg_catalog.clock_timestamp())
+        ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+        DO UPDATE SET paused_at = excluded.paused_at WHERE c.paused_at IS NULL
+    RETURNING true INTO paused;
+    RETURN paused IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION inbox_pause(pg_catalog.regclass) IS
+    'Pauses the queue when the transaction commits: leases and locks hand out nothing until inbox_resume; whether it was running.';
+
+CREATE OR REPLACE FUNCTION inbox_resume(queue pg_catalog.regclass) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    resumed pg_catalog.bool;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    UPDATE @extschema@.inbox_queue_controls AS c SET paused_at = NULL
+     WHERE c.queue = inbox_resume.queue AND c.paused_at IS NOT NULL
+    RETURNING true INTO resumed;
+    IF resumed THEN
+        PERFORM @extschema@.inbox_notify(queue);
+    END IF;
+    RETURN resumed IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION inbox_resume(pg_catalog.regclass) IS
+    'Resumes a paused queue when the transaction commits and wakes its sleeping workers; whether it was paused.';
+
+CREATE OR REPLACE FUNCTION inbox_paused_since(queue pg_catalog.regclass) RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN (SELECT c.paused_at FROM @extschema@.inbox_queue_controls c
+             WHERE c.queue = inbox_paused_since.queue);
+END
+$$;
+COMMENT ON FUNCTION inbox_paused_since(pg_catalog.regclass) IS
+    'Since when the queue is paused, or NULL while it runs.';
+
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
+SELECT pg_catalog.pg_extension_config_dump('inbox_queue_controls', '');
 
 CREATE OR REPLACE FUNCTION inbox_drop_schedules_of_dropped_tables() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
@@ -697,6 +728,10 @@ BEGIN
      WHERE outbox::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
                             WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
                               AND objsubid = 0);
+    DELETE FROM @extschema@.inbox_queue_controls
+     WHERE queue::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                             AND objsubid = 0);
 END
 $$;
 REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
@@ -940,6 +975,28 @@ VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_notify_wrapper';
+
+CREATE OR REPLACE FUNCTION "inbox_publish"(
+	"outbox" regclass, /* Option < RegClass > */
+	"subject" text, /* Option < Text > */
+	"payload" jsonb, /* Option < Jsonb > */
+	"key" text DEFAULT NULL, /* Option < Text > */
+	"headers" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_publish_wrapper';
+
+CREATE OR REPLACE FUNCTION "inbox_publish_bytes"(
+	"outbox" regclass, /* Option < RegClass > */
+	"subject" text, /* Option < Text > */
+	"payload" bytea, /* Option < Bytea > */
+	"key" text DEFAULT NULL, /* Option < Text > */
+	"headers" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'inbox_publish_bytes_wrapper';
 
 CREATE OR REPLACE FUNCTION "inbox_purge"(
 	"ledger" regclass, /* Option < RegClass > */

@@ -20,11 +20,130 @@ END $search_path$;
 -- Installing again over an install says nothing of the objects that are already there.
 SET LOCAL client_min_messages = warning;
 
+-- ---- sql/shared/controls.sql ----
+
+-- Pausing and resuming queues (docs/sql-api.md, "Pausing a queue"), written once for both builds.
+--
+-- A pause is a row of inbox_queue_controls with paused_at set. Every lease and lock reads it
+-- before it takes anything (the pgrx build's queue.rs, the SQL-only build's inbox__take), at
+-- READ COMMITTED with a statement of its own, so a pause holds from the moment its transaction
+-- commits: later leases and locks hand out nothing, while deliveries already running finish and
+-- settle. inbox_sleep counts nothing due on a paused queue, so that idle workers sleep rather
+-- than poll; a resume wakes them as an enqueue does (inbox_notify).
+--
+-- References to the extension's own objects are written name (see outbox.sql).
+
+CREATE TABLE IF NOT EXISTS inbox_queue_controls (
+    queue pg_catalog.regclass PRIMARY KEY,
+    -- When the queue was paused; NULL while it runs.
+    paused_at pg_catalog.timestamptz
+);
+COMMENT ON TABLE inbox_queue_controls IS
+    'Which queues are paused (inbox_pause, inbox_resume).';
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
+ALTER TABLE inbox_queue_controls ENABLE ROW LEVEL SECURITY;
+DO $policies$
+DECLARE
+    policy pg_catalog.text;
+BEGIN
+    FOREACH policy IN ARRAY ARRAY['inbox_queue_controls_read', 'inbox_queue_controls_add',
+                                  'inbox_queue_controls_change', 'inbox_queue_controls_remove'] LOOP
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy
+                    WHERE polrelid = 'inbox_queue_controls'::pg_catalog.regclass AND polname = policy) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_queue_controls', policy);
+        END IF;
+    END LOOP;
+END
+$policies$;
+-- Anyone who may lease from a queue sees whether it is paused (a lease must); a role that may
+-- update it may pause and resume it.
+CREATE POLICY inbox_queue_controls_read ON inbox_queue_controls FOR SELECT
+    USING (pg_catalog.has_table_privilege(queue, 'SELECT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+CREATE POLICY inbox_queue_controls_add ON inbox_queue_controls FOR INSERT
+    WITH CHECK (pg_catalog.has_table_privilege(queue, 'UPDATE'));
+CREATE POLICY inbox_queue_controls_change ON inbox_queue_controls FOR UPDATE
+    USING (pg_catalog.has_table_privilege(queue, 'UPDATE'));
+CREATE POLICY inbox_queue_controls_remove ON inbox_queue_controls FOR DELETE
+    USING (pg_catalog.has_table_privilege(queue, 'UPDATE')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+
+-- Raises 22004 for NULL, 42703 unless `queue` has the columns every queue has (a lease's).
+CREATE OR REPLACE FUNCTION inbox__check_queue(queue pg_catalog.regclass) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    missing pg_catalog.name;
+BEGIN
+    PERFORM inbox__required(queue, 'queue');
+    SELECT wanted INTO missing
+      FROM pg_catalog.unnest(ARRAY['id', 'attempt', 'locked_until', 'payload']::pg_catalog.name[]) AS wanted
+     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = queue AND a.attname = wanted
+                          AND a.attnum > 0 AND NOT a.attisdropped)
+     LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s is not a queue: it has no column "%s"', queue, missing);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox__check_queue(pg_catalog.regclass) IS
+    'Raises 22004 or 42703 unless the table has the columns of a queue.';
+
+-- Pauses `queue` once the caller's transaction commits; whether it was running.
+CREATE OR REPLACE FUNCTION inbox_pause(queue pg_catalog.regclass) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    paused pg_catalog.bool;
+BEGIN
+    PERFORM inbox__check_queue(queue);
+    INSERT INTO inbox_queue_controls AS c (queue, paused_at)
+    VALUES (queue, pg_catalog.clock_timestamp())
+        ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+        DO UPDATE SET paused_at = excluded.paused_at WHERE c.paused_at IS NULL
+    RETURNING true INTO paused;
+    RETURN paused IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION inbox_pause(pg_catalog.regclass) IS
+    'Pauses the queue when the transaction commits: leases and locks hand out nothing until inbox_resume; whether it was running.';
+
+-- Resumes `queue` once the caller's transaction commits, waking its sleeping workers; whether it
+-- was paused.
+CREATE OR REPLACE FUNCTION inbox_resume(queue pg_catalog.regclass) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    resumed pg_catalog.bool;
+BEGIN
+    PERFORM inbox__check_queue(queue);
+    UPDATE inbox_queue_controls AS c SET paused_at = NULL
+     WHERE c.queue = inbox_resume.queue AND c.paused_at IS NOT NULL
+    RETURNING true INTO resumed;
+    IF resumed THEN
+        PERFORM inbox_notify(queue);
+    END IF;
+    RETURN resumed IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION inbox_resume(pg_catalog.regclass) IS
+    'Resumes a paused queue when the transaction commits and wakes its sleeping workers; whether it was paused.';
+
+-- Since when `queue` is paused, as the latest committed state shows it (NULL while it runs).
+CREATE OR REPLACE FUNCTION inbox_paused_since(queue pg_catalog.regclass) RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN (SELECT c.paused_at FROM inbox_queue_controls c
+             WHERE c.queue = inbox_paused_since.queue);
+END
+$$;
+COMMENT ON FUNCTION inbox_paused_since(pg_catalog.regclass) IS
+    'Since when the queue is paused, or NULL while it runs.';
+
 -- ---- sql/shared/outbox.sql ----
 
 -- The transactional outbox (docs/guide.md, "Publishing events"; docs/sql-api.md, "Outboxes"),
--- written once for both builds: an outbox is off the job path (a publish costs one insert, one
--- advisory lock per key and the wake-up check, whichever build runs it).
+-- written once for both builds, except the publish: it runs in every producer's transaction, so
+-- the pgrx build has it natively (outbox.rs) and the SQL-only build in sql/sql-only/35-publish.sql.
 --
 -- An outbox is a table of messages. `inbox_publish` inserts one inside the caller's transaction,
 -- so it exists only if that transaction commits. A relay claims due messages with a lease and a
@@ -201,75 +320,6 @@ END
 $$;
 COMMENT ON FUNCTION inbox__required(anyelement, pg_catalog.text) IS
     'The value, or 22004 naming the argument when it is NULL.';
-
--- Records a message in the caller's transaction (see the head of this file for the key's lock).
-CREATE OR REPLACE FUNCTION inbox_publish_bytes(outbox pg_catalog.regclass, subject pg_catalog.text,
-                                               payload pg_catalog.bytea, key pg_catalog.text DEFAULT NULL,
-                                               headers pg_catalog.jsonb DEFAULT NULL)
-RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    id pg_catalog.int8;
-    table_oid pg_catalog.int8;
-    statement_name pg_catalog.text;
-BEGIN
-    PERFORM inbox__required(outbox, 'outbox'),
-            inbox__required(subject, 'subject'),
-            inbox__required(payload, 'payload');
-    IF subject = '' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'subject must not be empty';
-    END IF;
-    statement_name := 'inbox_publish_' || outbox::pg_catalog.oid::pg_catalog.text;
-    IF headers IS NOT NULL AND (pg_catalog.jsonb_typeof(headers) <> 'object' OR EXISTS (
-            SELECT FROM pg_catalog.jsonb_each(headers) AS h
-             WHERE pg_catalog.jsonb_typeof(h.value) <> 'string'
-               AND (pg_catalog.jsonb_typeof(h.value) <> 'array' OR EXISTS (
-                    SELECT FROM pg_catalog.jsonb_array_elements(h.value) AS v
-                     WHERE pg_catalog.jsonb_typeof(v) <> 'string')))) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = 'headers must be a JSON object of strings or arrays of strings';
-    END IF;
-    IF key IS NOT NULL THEN
-        -- Held until the transaction ends: the next publisher of this key draws its id after
-        -- this one committed. The second key is odd, apart from the even keys the wake-ups use.
-        table_oid := outbox::pg_catalog.oid::pg_catalog.int8;
-        PERFORM pg_catalog.pg_advisory_xact_lock(
-            (table_oid - CASE WHEN table_oid > 2147483647 THEN 4294967296 ELSE 0 END)::pg_catalog.int4,
-            pg_catalog.hashtext(key) | 1);
-    END IF;
-    -- The insert is planned once per session and outbox (a plain EXECUTE ... USING would plan it
-    -- at every call, most of a publish's cost): a session's DEALLOCATE ALL or DISCARD ALL, or a
-    -- pooler's next server connection, costs one PREPARE. A utility statement takes no
-    -- parameters, so the values travel as literals.
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements p WHERE p.name = statement_name) THEN
-        EXECUTE pg_catalog.format(
-            'PREPARE %I (pg_catalog.text, pg_catalog.text, pg_catalog.bytea, pg_catalog.jsonb) AS '
-            'INSERT INTO %s (subject, ordering_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',
-            statement_name, outbox);
-    END IF;
-    EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L)', statement_name, subject, key, payload, headers)
-       INTO id;
-    PERFORM inbox_notify(outbox);
-    RETURN id;
-END
-$$;
-COMMENT ON FUNCTION inbox_publish_bytes(pg_catalog.regclass, pg_catalog.text, pg_catalog.bytea, pg_catalog.text, pg_catalog.jsonb) IS
-    'Records a message (bytes) in the outbox inside the caller''s transaction; returns its id.';
-
-CREATE OR REPLACE FUNCTION inbox_publish(outbox pg_catalog.regclass, subject pg_catalog.text,
-                                         payload pg_catalog.jsonb, key pg_catalog.text DEFAULT NULL,
-                                         headers pg_catalog.jsonb DEFAULT NULL)
-RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    RETURN inbox_publish_bytes(
-        outbox, subject,
-        pg_catalog.convert_to(inbox__required(payload, 'payload')::pg_catalog.text, 'UTF8'),
-        key, headers);
-END
-$$;
-COMMENT ON FUNCTION inbox_publish(pg_catalog.regclass, pg_catalog.text, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb) IS
-    'Records a message (JSON, sent as its UTF-8 text) in the outbox inside the caller''s transaction; returns its id.';
 
 -- Takes or renews the outbox's relay lease for `relay`, then claims up to `max` due messages: each
 -- key's head (no earlier message of its key is unsent), and messages without a key, in id order.
@@ -1619,8 +1669,13 @@ BEGIN
     IF max < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
     END IF;
-    PERFORM inbox__enqueue_due_ticks(queue);
+    -- A paused queue hands out nothing (sql/shared/controls.sql); it is checked as a queue first.
     shape := inbox__queue_shape(queue);
+    IF EXISTS (SELECT FROM inbox_queue_controls c
+                WHERE c.queue = inbox__take.queue AND c.paused_at IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    PERFORM inbox__enqueue_due_ticks(queue);
     -- Higher priorities first, as an int8 that cannot overflow; the index of inbox_create_queue
     -- is on (-priority, locked_until, id) WHERE locked_until < 'infinity'.
     IF shape.has_priority THEN
@@ -1940,6 +1995,81 @@ END
 $$;
 
 
+-- ---- sql/sql-only/35-publish.sql ----
+
+-- The outbox's publish (outbox.rs has the pgrx build's): the rest of the outbox, and how the
+-- key's lock keeps each key's messages in commit order, is in sql/shared/outbox.sql.
+
+-- Records a message in the caller's transaction (see sql/shared/outbox.sql for the key's lock).
+CREATE OR REPLACE FUNCTION inbox_publish_bytes(outbox pg_catalog.regclass, subject pg_catalog.text,
+                                               payload pg_catalog.bytea, key pg_catalog.text DEFAULT NULL,
+                                               headers pg_catalog.jsonb DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    id pg_catalog.int8;
+    table_oid pg_catalog.int8;
+    statement_name pg_catalog.text;
+BEGIN
+    PERFORM inbox__required(outbox, 'outbox'),
+            inbox__required(subject, 'subject'),
+            inbox__required(payload, 'payload');
+    IF subject = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'subject must not be empty';
+    END IF;
+    statement_name := 'inbox_publish_' || outbox::pg_catalog.oid::pg_catalog.text;
+    IF headers IS NOT NULL AND (pg_catalog.jsonb_typeof(headers) <> 'object' OR EXISTS (
+            SELECT FROM pg_catalog.jsonb_each(headers) AS h
+             WHERE pg_catalog.jsonb_typeof(h.value) <> 'string'
+               AND (pg_catalog.jsonb_typeof(h.value) <> 'array' OR EXISTS (
+                    SELECT FROM pg_catalog.jsonb_array_elements(h.value) AS v
+                     WHERE pg_catalog.jsonb_typeof(v) <> 'string')))) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'headers must be a JSON object of strings or arrays of strings';
+    END IF;
+    IF key IS NOT NULL THEN
+        -- Held until the transaction ends: the next publisher of this key draws its id after
+        -- this one committed. The second key is odd, apart from the even keys the wake-ups use.
+        table_oid := outbox::pg_catalog.oid::pg_catalog.int8;
+        PERFORM pg_catalog.pg_advisory_xact_lock(
+            (table_oid - CASE WHEN table_oid > 2147483647 THEN 4294967296 ELSE 0 END)::pg_catalog.int4,
+            pg_catalog.hashtext(key) | 1);
+    END IF;
+    -- The insert is planned once per session and outbox (a plain EXECUTE ... USING would plan it
+    -- at every call, most of a publish's cost): a session's DEALLOCATE ALL or DISCARD ALL, or a
+    -- pooler's next server connection, costs one PREPARE. A utility statement takes no
+    -- parameters, so the values travel as literals.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements p WHERE p.name = statement_name) THEN
+        EXECUTE pg_catalog.format(
+            'PREPARE %I (pg_catalog.text, pg_catalog.text, pg_catalog.bytea, pg_catalog.jsonb) AS '
+            'INSERT INTO %s (subject, ordering_key, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id',
+            statement_name, outbox);
+    END IF;
+    EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L)', statement_name, subject, key, payload, headers)
+       INTO id;
+    PERFORM inbox_notify(outbox);
+    RETURN id;
+END
+$$;
+COMMENT ON FUNCTION inbox_publish_bytes(pg_catalog.regclass, pg_catalog.text, pg_catalog.bytea, pg_catalog.text, pg_catalog.jsonb) IS
+    'Records a message (bytes) in the outbox inside the caller''s transaction; returns its id.';
+
+CREATE OR REPLACE FUNCTION inbox_publish(outbox pg_catalog.regclass, subject pg_catalog.text,
+                                         payload pg_catalog.jsonb, key pg_catalog.text DEFAULT NULL,
+                                         headers pg_catalog.jsonb DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN inbox_publish_bytes(
+        outbox, subject,
+        pg_catalog.convert_to(inbox__required(payload, 'payload')::pg_catalog.text, 'UTF8'),
+        key, headers);
+END
+$$;
+COMMENT ON FUNCTION inbox_publish(pg_catalog.regclass, pg_catalog.text, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb) IS
+    'Records a message (JSON, sent as its UTF-8 text) in the outbox inside the caller''s transaction; returns its id.';
+
+
 -- ---- sql/sql-only/40-dead-letters.sql ----
 
 -- Dead letters (dead_letters.rs): list dead jobs, run them again, or delete them.
@@ -2195,6 +2325,9 @@ BEGIN
                        CASE WHEN shape.nullable_locked_until THEN 'locked_until IS NULL OR locked_until <= $1'
                             ELSE 'locked_until <= $1' END)
           INTO due USING clock_timestamp();
+        -- Nothing is due on a paused queue: its resume wakes the sleepers.
+        due := due AND NOT EXISTS (SELECT FROM inbox_queue_controls c
+                                    WHERE c.queue = inbox_sleep.queue AND c.paused_at IS NOT NULL);
     EXCEPTION WHEN query_canceled OR others THEN
         -- Session locks survive the rollback of this block (a cancel included): give them up.
         IF inbox__release_sleeper(queue) THEN NULL; END IF;
@@ -3310,6 +3443,9 @@ BEGIN
     DELETE FROM inbox_relays
      WHERE outbox::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
                             WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+    DELETE FROM inbox_queue_controls
+     WHERE queue::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_class'::regclass AND objsubid = 0);
 END
 $$;
 REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;

@@ -256,6 +256,37 @@ impl Queue {
             .collect()
     }
 
+    /// Pauses the queue once `db`'s transaction commits (at once through a pool): from then on
+    /// leases and locks hand out nothing, while deliveries already running finish and settle.
+    /// Returns `false` when it was paused already.
+    ///
+    /// # Errors
+    /// The database's error (`42703` for a table that is not a queue, `42501` without `UPDATE`
+    /// on it).
+    pub async fn pause(&self, db: &dyn Database) -> Result<bool, DbError> {
+        let statement = Statement::new(sql::QUEUE_PAUSE).bind(self.table.as_str());
+        db.query(&statement).await?.one()?.get("changed")
+    }
+
+    /// Resumes a paused queue once `db`'s transaction commits and wakes its sleeping workers.
+    /// Returns `false` when it was not paused.
+    ///
+    /// # Errors
+    /// As [`Queue::pause`].
+    pub async fn resume(&self, db: &dyn Database) -> Result<bool, DbError> {
+        let statement = Statement::new(sql::QUEUE_RESUME).bind(self.table.as_str());
+        db.query(&statement).await?.one()?.get("changed")
+    }
+
+    /// Since when the queue is paused, or `None` while it runs.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn paused_since(&self, db: &dyn Database) -> Result<Option<DateTime<Utc>>, DbError> {
+        let statement = Statement::new(sql::QUEUE_PAUSED_SINCE).bind(self.table.as_str());
+        db.query(&statement).await?.one()?.get("paused_at")
+    }
+
     /// Runs dead job `id` again (due now, attempts counted from zero; a job of a group rejoins
     /// it); `false` when the job is not dead.
     ///

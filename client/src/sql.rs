@@ -122,6 +122,16 @@ pub(crate) const QUEUE_ENQUEUE_BATCH: &str =
      $5::int4, \
      (SELECT array_agg(e ORDER BY n) FROM jsonb_array_elements_text($6::jsonb) WITH ORDINALITY AS a(e, n))) AS id";
 
+/// `inbox_pause(queue)`: leases and locks hand out nothing once the caller commits.
+pub(crate) const QUEUE_PAUSE: &str = "SELECT inbox_pause($1::text::regclass) AS changed";
+
+/// `inbox_resume(queue)`: a paused queue runs again once the caller commits.
+pub(crate) const QUEUE_RESUME: &str = "SELECT inbox_resume($1::text::regclass) AS changed";
+
+/// `inbox_paused_since(queue)`: since when the queue is paused (NULL while it runs).
+pub(crate) const QUEUE_PAUSED_SINCE: &str =
+    "SELECT inbox_paused_since($1::text::regclass) AS paused_at";
+
 /// `inbox_requeue(queue, id)`: a dead job runs again.
 pub(crate) const QUEUE_REQUEUE: &str =
     "SELECT inbox_requeue($1::text::regclass, $2::int8) AS requeued";

@@ -8,6 +8,7 @@
 
 use pgrx::prelude::*;
 
+mod controls;
 mod datum;
 mod dead_letters;
 mod error;

@@ -47,6 +47,10 @@ pub(crate) enum Op {
     Discard,
     DeadJobs,
     Fence,
+    PublishBytes,
+    PublishJson,
+    PublishHeaders,
+    PublishLock,
 }
 
 /// What must be dropped from the cache before its next use.

@@ -49,7 +49,7 @@ fn inbox_notify(queue: Option<RegClass>) {
 
 /// Wakes the workers asleep on the queue once the caller commits, unless `inbox.notify` is off;
 /// sends nothing when none sleeps (see `wakeups`).
-fn notify(queue: pg_sys::Oid) {
+pub(crate) fn notify(queue: pg_sys::Oid) {
     if crate::NOTIFY.get() && crate::wakeups::must_notify(queue) {
         // SAFETY: pg_notify takes two text arguments, both given and non-NULL.
         unsafe {
@@ -382,6 +382,11 @@ fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> V
         raise(ERRCODE_INVALID_PARAMETER_VALUE, "max must be at least 1");
     }
     Spi::connect_mut(|client| {
+        if crate::controls::paused(client, queue) {
+            // Checked as a queue all the same (42P01, 42804, 42703), as when it runs.
+            plans::queue(client, queue);
+            return Vec::new();
+        }
         crate::schedule::enqueue_due_ticks(client, queue);
         let shape = plans::queue(client, queue);
         // A lease of one job takes and leases it in one statement; others lease what they took.

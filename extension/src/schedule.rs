@@ -38,6 +38,8 @@ extension_sql_file!("../../sql/shared/periodic_jobs.sql", name = "periodic_jobs"
 extension_sql!(
     r#"
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
+-- Which queues are paused is the user's data too.
+SELECT pg_catalog.pg_extension_config_dump('inbox_queue_controls', '');
 
 -- A dropped queue takes its schedules with it. The policies' privilege checks cannot see a table
 -- that is gone, so they let anyone see and remove the schedules of a queue that no longer
@@ -55,6 +57,10 @@ BEGIN
      WHERE outbox::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
                             WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
                               AND objsubid = 0);
+    DELETE FROM @extschema@.inbox_queue_controls
+     WHERE queue::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                             AND objsubid = 0);
 END
 $$;
 REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
@@ -62,7 +68,7 @@ CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
     EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
 "#,
     name = "periodic_jobs_extension",
-    requires = ["periodic_jobs", "outbox"]
+    requires = ["periodic_jobs", "outbox", "controls"]
 );
 
 /// Sends the schedule table's relcache invalidation, which every session receives once the change

@@ -173,6 +173,37 @@ pub(crate) fn enqueue(queue: &QueueShape) -> Sql {
     }
 }
 
+/// `$1` subject, `$2` ordering key, `$3` payload, `$4` headers: a message of an outbox
+/// (`sql/shared/outbox.sql`), its id returned. The payload is `bytea`, as the outbox stores it.
+pub(crate) fn publish_bytes(outbox: &QueueShape) -> Sql {
+    publish(outbox, "$3", pg_sys::BYTEAOID)
+}
+
+/// As [`publish_bytes`], with a `jsonb` payload stored as its text in UTF-8.
+pub(crate) fn publish_json(outbox: &QueueShape) -> Sql {
+    publish(
+        outbox,
+        "pg_catalog.convert_to($3::pg_catalog.text, 'UTF8')",
+        pg_sys::JSONBOID,
+    )
+}
+
+fn publish(outbox: &QueueShape, payload: &str, payload_type: Oid) -> Sql {
+    Sql {
+        text: format!(
+            "INSERT INTO {} (subject, ordering_key, payload, headers) VALUES ($1, $2, {payload}, $4) \
+             RETURNING id::pg_catalog.int8",
+            outbox.table
+        ),
+        args: vec![
+            pg_sys::TEXTOID,
+            pg_sys::TEXTOID,
+            payload_type,
+            pg_sys::JSONBOID,
+        ],
+    }
+}
+
 /// `$1` payloads, `$2` due time, `$3` keys, `$4` priority, `$5` group keys; inserted in array
 /// order. A job with a group is inserted waiting (the caller holds the groups' locks and then
 /// promotes each group's head, see `promote`), so that a key skipped as already queued can

@@ -80,18 +80,23 @@ fn release(queue: Oid) -> bool {
     unsafe { pg_sys::LockHeldByMe(&tag, SLEEPER) && pg_sys::LockRelease(&tag, SLEEPER, true) }
 }
 
-/// Whether `queue` has a job due now, seen with a snapshot taken at this moment (not the
-/// statement's, which predates the wait for the lock).
+/// Whether `queue` has a job due now (and is not paused), seen with a snapshot taken at this
+/// moment (not the statement's, which predates the wait for the lock).
 fn job_due(queue: Oid) -> bool {
     Spi::connect(|client| {
         let sql = statements::due(&plans::queue(client, queue));
         // SAFETY: the snapshot is pushed and popped around one read-only SPI query, which uses
         // the active snapshot; an error pops it with the rest of the aborted transaction's state.
         unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
-        let due = client
-            .select(sql.text.as_str(), None, &[now()])
-            .and_then(|rows| rows.first().get_one::<bool>())
-            .unwrap_or_else(|e| internal(e));
+        // Nothing is due on a paused queue: its resume wakes the sleepers.
+        let due = if crate::controls::paused(client, queue) {
+            Some(false)
+        } else {
+            client
+                .select(sql.text.as_str(), None, &[now()])
+                .and_then(|rows| rows.first().get_one::<bool>())
+                .unwrap_or_else(|e| internal(e))
+        };
         unsafe { pg_sys::PopActiveSnapshot() };
         due.unwrap_or(false)
     })

@@ -329,8 +329,13 @@ BEGIN
     IF max < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
     END IF;
-    PERFORM inbox__enqueue_due_ticks(queue);
+    -- A paused queue hands out nothing (sql/shared/controls.sql); it is checked as a queue first.
     shape := inbox__queue_shape(queue);
+    IF EXISTS (SELECT FROM inbox_queue_controls c
+                WHERE c.queue = inbox__take.queue AND c.paused_at IS NOT NULL) THEN
+        RETURN;
+    END IF;
+    PERFORM inbox__enqueue_due_ticks(queue);
     -- Higher priorities first, as an int8 that cannot overflow; the index of inbox_create_queue
     -- is on (-priority, locked_until, id) WHERE locked_until < 'infinity'.
     IF shape.has_priority THEN

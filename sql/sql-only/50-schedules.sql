@@ -951,6 +951,9 @@ BEGIN
     DELETE FROM inbox_relays
      WHERE outbox::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
                             WHERE classid = 'pg_class'::regclass AND objsubid = 0);
+    DELETE FROM inbox_queue_controls
+     WHERE queue::oid IN (SELECT objid FROM pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_class'::regclass AND objsubid = 0);
 END
 $$;
 REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;

@@ -18,6 +18,7 @@ mod extension_concurrency;
 mod groups;
 mod observe;
 mod outbox;
+mod pause;
 mod pooler;
 mod priorities;
 mod schedules;

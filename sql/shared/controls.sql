@@ -1,0 +1,116 @@
+-- Pausing and resuming queues (docs/sql-api.md, "Pausing a queue"), written once for both builds.
+--
+-- A pause is a row of inbox_queue_controls with paused_at set. Every lease and lock reads it
+-- before it takes anything (the pgrx build's queue.rs, the SQL-only build's inbox__take), at
+-- READ COMMITTED with a statement of its own, so a pause holds from the moment its transaction
+-- commits: later leases and locks hand out nothing, while deliveries already running finish and
+-- settle. inbox_sleep counts nothing due on a paused queue, so that idle workers sleep rather
+-- than poll; a resume wakes them as an enqueue does (inbox_notify).
+--
+-- References to the extension's own objects are written @extschema@.name (see outbox.sql).
+
+CREATE TABLE IF NOT EXISTS inbox_queue_controls (
+    queue pg_catalog.regclass PRIMARY KEY,
+    -- When the queue was paused; NULL while it runs.
+    paused_at pg_catalog.timestamptz
+);
+COMMENT ON TABLE inbox_queue_controls IS
+    'Which queues are paused (inbox_pause, inbox_resume).';
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
+ALTER TABLE inbox_queue_controls ENABLE ROW LEVEL SECURITY;
+DO $policies$
+DECLARE
+    policy pg_catalog.text;
+BEGIN
+    FOREACH policy IN ARRAY ARRAY['inbox_queue_controls_read', 'inbox_queue_controls_add',
+                                  'inbox_queue_controls_change', 'inbox_queue_controls_remove'] LOOP
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy
+                    WHERE polrelid = 'inbox_queue_controls'::pg_catalog.regclass AND polname = policy) THEN
+            EXECUTE pg_catalog.format('DROP POLICY %I ON inbox_queue_controls', policy);
+        END IF;
+    END LOOP;
+END
+$policies$;
+-- Anyone who may lease from a queue sees whether it is paused (a lease must); a role that may
+-- update it may pause and resume it.
+CREATE POLICY inbox_queue_controls_read ON inbox_queue_controls FOR SELECT
+    USING (pg_catalog.has_table_privilege(queue, 'SELECT')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+CREATE POLICY inbox_queue_controls_add ON inbox_queue_controls FOR INSERT
+    WITH CHECK (pg_catalog.has_table_privilege(queue, 'UPDATE'));
+CREATE POLICY inbox_queue_controls_change ON inbox_queue_controls FOR UPDATE
+    USING (pg_catalog.has_table_privilege(queue, 'UPDATE'));
+CREATE POLICY inbox_queue_controls_remove ON inbox_queue_controls FOR DELETE
+    USING (pg_catalog.has_table_privilege(queue, 'UPDATE')
+           OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
+
+-- Raises 22004 for NULL, 42703 unless `queue` has the columns every queue has (a lease's).
+CREATE OR REPLACE FUNCTION inbox__check_queue(queue pg_catalog.regclass) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    missing pg_catalog.name;
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    SELECT wanted INTO missing
+      FROM pg_catalog.unnest(ARRAY['id', 'attempt', 'locked_until', 'payload']::pg_catalog.name[]) AS wanted
+     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = queue AND a.attname = wanted
+                          AND a.attnum > 0 AND NOT a.attisdropped)
+     LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s is not a queue: it has no column "%s"', queue, missing);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox__check_queue(pg_catalog.regclass) IS
+    'Raises 22004 or 42703 unless the table has the columns of a queue.';
+
+-- Pauses `queue` once the caller's transaction commits; whether it was running.
+CREATE OR REPLACE FUNCTION inbox_pause(queue pg_catalog.regclass) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    paused pg_catalog.bool;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    INSERT INTO @extschema@.inbox_queue_controls AS c (queue, paused_at)
+    VALUES (queue, pg_catalog.clock_timestamp())
+        ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+        DO UPDATE SET paused_at = excluded.paused_at WHERE c.paused_at IS NULL
+    RETURNING true INTO paused;
+    RETURN paused IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION inbox_pause(pg_catalog.regclass) IS
+    'Pauses the queue when the transaction commits: leases and locks hand out nothing until inbox_resume; whether it was running.';
+
+-- Resumes `queue` once the caller's transaction commits, waking its sleeping workers; whether it
+-- was paused.
+CREATE OR REPLACE FUNCTION inbox_resume(queue pg_catalog.regclass) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    resumed pg_catalog.bool;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    UPDATE @extschema@.inbox_queue_controls AS c SET paused_at = NULL
+     WHERE c.queue = inbox_resume.queue AND c.paused_at IS NOT NULL
+    RETURNING true INTO resumed;
+    IF resumed THEN
+        PERFORM @extschema@.inbox_notify(queue);
+    END IF;
+    RETURN resumed IS NOT NULL;
+END
+$$;
+COMMENT ON FUNCTION inbox_resume(pg_catalog.regclass) IS
+    'Resumes a paused queue when the transaction commits and wakes its sleeping workers; whether it was paused.';
+
+-- Since when `queue` is paused, as the latest committed state shows it (NULL while it runs).
+CREATE OR REPLACE FUNCTION inbox_paused_since(queue pg_catalog.regclass) RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN (SELECT c.paused_at FROM @extschema@.inbox_queue_controls c
+             WHERE c.queue = inbox_paused_since.queue);
+END
+$$;
+COMMENT ON FUNCTION inbox_paused_since(pg_catalog.regclass) IS
+    'Since when the queue is paused, or NULL while it runs.';
