@@ -6,6 +6,7 @@ DROP FUNCTION "inbox_enqueue"(regclass, bytea, timestamp with time zone, text);
 DROP FUNCTION "inbox_enqueue"(regclass, jsonb, timestamp with time zone, text);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, bytea[], timestamp with time zone, text[]);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, jsonb[], timestamp with time zone, text[]);
+DROP FUNCTION "inbox_stats"(regclass);
 
 CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
     queue pg_catalog.regclass NOT NULL,
@@ -961,7 +962,8 @@ CREATE OR REPLACE FUNCTION "inbox_metrics"() RETURNS TABLE (
 	"leased" bigint,  /* i64 */
 	"dead" bigint,  /* i64 */
 	"oldest_ready_age_seconds" double precision,  /* f64 */
-	"oldest_lease_age_seconds" double precision  /* Option < f64 > */
+	"oldest_lease_age_seconds" double precision,  /* Option < f64 > */
+	"paused" bool  /* bool */
 )
 STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -1024,7 +1026,8 @@ CREATE OR REPLACE FUNCTION "inbox_queues"() RETURNS TABLE (
 	"leased" bigint,  /* i64 */
 	"dead" bigint,  /* i64 */
 	"oldest_ready_age" interval,  /* Option < Interval > */
-	"oldest_lease_age" interval  /* Option < Interval > */
+	"oldest_lease_age" interval,  /* Option < Interval > */
+	"paused" bool  /* bool */
 )
 STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -1118,7 +1121,8 @@ CREATE OR REPLACE FUNCTION "inbox_stats"(
 	"delayed" bigint,  /* i64 */
 	"leased" bigint,  /* i64 */
 	"dead" bigint,  /* i64 */
-	"oldest_ready_age" interval  /* Option < Interval > */
+	"oldest_ready_age" interval,  /* Option < Interval > */
+	"paused" bool  /* bool */
 )
 STABLE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp

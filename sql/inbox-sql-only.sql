@@ -1956,7 +1956,8 @@ $$;
 -- The statement runs in a volatile function, so that it reads the latest committed state with a
 -- snapshot of its own, as the pgrx build's statements do.
 CREATE OR REPLACE FUNCTION inbox__stats(queue regclass)
-RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
+RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval,
+              paused bool)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
@@ -1974,7 +1975,8 @@ BEGIN
         '       count(*) FILTER (WHERE (%s AND NOT (%s)) OR (%s)), '
         '       count(*) FILTER (WHERE %s AND %s), '
         '       count(*) FILTER (WHERE %s), '
-        '       $1 - min(locked_until) FILTER (WHERE locked_until <= $1) '
+        '       $1 - min(locked_until) FILTER (WHERE locked_until <= $1), '
+        '       $2 '
         '  FROM %s',
         CASE WHEN shape.nullable_locked_until THEN 'locked_until IS NULL OR locked_until <= $1'
              ELSE 'locked_until <= $1' END,
@@ -1982,12 +1984,13 @@ BEGIN
         timed, delivered,
         shape.dead_predicate,
         shape.table_sql)
-      USING clock_timestamp();
+      USING clock_timestamp(), inbox_paused_since(queue) IS NOT NULL;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION inbox_stats(queue regclass)
-RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
+RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval,
+              paused bool)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN QUERY SELECT * FROM inbox__stats(queue);
@@ -3586,25 +3589,27 @@ $function$;
 
 CREATE OR REPLACE FUNCTION inbox_queues()
 RETURNS TABLE (queue regclass, ready bigint, delayed bigint, leased bigint, dead bigint,
-               oldest_ready_age interval, oldest_lease_age interval)
+               oldest_ready_age interval, oldest_lease_age interval, paused bool)
 LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
 SET search_path FROM CURRENT
 AS $function$
-    SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age
+    SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age,
+           inbox_paused_since(q.queue) IS NOT NULL
       FROM inbox__every_queue() q
 $function$;
 
 CREATE OR REPLACE FUNCTION inbox_metrics()
 RETURNS TABLE (queue text, ready bigint, delayed bigint, leased bigint, dead bigint,
                oldest_ready_age_seconds double precision,
-               oldest_lease_age_seconds double precision)
+               oldest_lease_age_seconds double precision, paused bool)
 LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
 SET search_path FROM CURRENT
 AS $function$
     SELECT q.queue_name, q.ready, q.delayed, q.leased, q.dead,
            coalesce(inbox__interval_seconds(q.oldest_ready_age), 0),
            CASE WHEN q.records_leases
-                THEN coalesce(inbox__interval_seconds(q.oldest_lease_age), 0) END
+                THEN coalesce(inbox__interval_seconds(q.oldest_lease_age), 0) END,
+           inbox_paused_since(q.queue) IS NOT NULL
       FROM inbox__every_queue() q
 $function$;
 

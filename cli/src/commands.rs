@@ -29,20 +29,28 @@ fn counts(row: &Row, first: usize) -> [i64; 4] {
 
 pub async fn queues(db: &Db, out: &Output) -> Result<(), CliError> {
     let rows = db.rows(&sql::QUEUES, &[]).await?;
-    type QueueRow = (String, [i64; 4], Option<f64>, Option<f64>);
+    type QueueRow = (String, [i64; 4], Option<f64>, Option<f64>, Option<bool>);
     let queues: Vec<QueueRow> = rows
         .iter()
-        .map(|row| (row.get(0), counts(row, 1), row.get(5), row.get(6)))
+        .map(|row| {
+            (
+                row.get(0),
+                counts(row, 1),
+                row.get(5),
+                row.get(6),
+                row.get(7),
+            )
+        })
         .collect();
     let value = Value::Array(
         queues
             .iter()
             .map(
-                |(queue, [ready, delayed, leased, dead], ready_age, lease_age)| {
+                |(queue, [ready, delayed, leased, dead], ready_age, lease_age, paused)| {
                     json!({
                         "queue": queue, "ready": ready, "delayed": delayed, "leased": leased,
                         "dead": dead, "oldest_ready_age_seconds": ready_age,
-                        "oldest_lease_age_seconds": lease_age,
+                        "oldest_lease_age_seconds": lease_age, "paused": paused,
                     })
                 },
             )
@@ -58,14 +66,16 @@ pub async fn queues(db: &Db, out: &Output) -> Result<(), CliError> {
                 "dead",
                 "oldest ready",
                 "oldest lease",
+                "paused",
             ],
             queues
                 .iter()
-                .map(|(queue, counts, ready_age, lease_age)| {
+                .map(|(queue, counts, ready_age, lease_age, paused)| {
                     let mut cells = vec![queue.clone()];
                     cells.extend(counts.iter().map(i64::to_string));
                     cells.push(age(*ready_age));
                     cells.push(age(*lease_age));
+                    cells.push(paused_cell(*paused));
                     cells
                 })
                 .collect(),
@@ -76,23 +86,36 @@ pub async fn queues(db: &Db, out: &Output) -> Result<(), CliError> {
 }
 
 /// The header of `stats`' columns, and one row of them, for the table and for `--watch` lines.
-const STATS_HEADER: [&str; 5] = ["ready", "delayed", "leased", "dead", "oldest ready"];
+const STATS_HEADER: [&str; 6] = [
+    "ready",
+    "delayed",
+    "leased",
+    "dead",
+    "oldest ready",
+    "paused",
+];
 
-fn stats_line(cells: &[String; 5]) -> String {
+fn stats_line(cells: &[String; 6]) -> String {
     format!(
-        "{:>12} {:>10} {:>10} {:>10} {:>12}",
-        cells[0], cells[1], cells[2], cells[3], cells[4]
+        "{:>12} {:>10} {:>10} {:>10} {:>12} {:>6}",
+        cells[0], cells[1], cells[2], cells[3], cells[4], cells[5]
     )
 }
 
+/// "yes" for a paused queue; empty for a running one, or an extension older than pausing.
+fn paused_cell(paused: Option<bool>) -> String {
+    if paused == Some(true) { "yes" } else { "" }.to_owned()
+}
+
 /// One reading of `inbox_stats`: the JSON object and the table cells.
-async fn read_stats(db: &Db, queue: &str) -> Result<(Value, [String; 5]), CliError> {
+async fn read_stats(db: &Db, queue: &str) -> Result<(Value, [String; 6]), CliError> {
     let row = db.one(&sql::STATS, &[&queue]).await?;
     let [ready, delayed, leased, dead] = counts(&row, 0);
     let ready_age: Option<f64> = row.get(4);
+    let paused: Option<bool> = row.get(5);
     let value = json!({
         "queue": queue, "ready": ready, "delayed": delayed, "leased": leased, "dead": dead,
-        "oldest_ready_age_seconds": ready_age,
+        "oldest_ready_age_seconds": ready_age, "paused": paused,
     });
     let cells = [
         ready.to_string(),
@@ -100,8 +123,32 @@ async fn read_stats(db: &Db, queue: &str) -> Result<(Value, [String; 5]), CliErr
         leased.to_string(),
         dead.to_string(),
         age(ready_age),
+        paused_cell(paused),
     ];
     Ok((value, cells))
+}
+
+/// `inbox pause` (`pause` true) and `inbox resume`: says whether it changed the queue.
+pub async fn pause(db: &Db, out: &Output, queue: &str, pause: bool) -> Result<(), CliError> {
+    let statement = if pause { &sql::PAUSE } else { &sql::RESUME };
+    let changed: bool = db
+        .one(statement, &[&queue])
+        .await?
+        .get::<_, Option<bool>>(0)
+        .unwrap_or(false);
+    let (verb, state) = if pause {
+        ("paused", "was paused already")
+    } else {
+        ("resumed", "was not paused")
+    };
+    out.emit(json!({ "queue": queue, verb: changed }), || {
+        if changed {
+            format!("{verb} {queue}")
+        } else {
+            format!("{queue} {state}")
+        }
+    });
+    Ok(())
 }
 
 pub async fn stats(db: &Db, out: &Output, queue: &str, watch: Option<f64>) -> Result<(), CliError> {

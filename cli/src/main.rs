@@ -42,8 +42,20 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List every queue in the database with its ready, delayed, leased and dead jobs and ages.
+    /// List every queue in the database with its ready, delayed, leased and dead jobs, ages, and
+    /// whether it is paused.
     Queues,
+    /// Pause a queue: its leases and locks hand out nothing until it is resumed (running jobs
+    /// finish and settle; enqueues go on).
+    Pause {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+    },
+    /// Resume a paused queue and wake its sleeping workers.
+    Resume {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+    },
     /// Show one queue's job counts and oldest ready age, once or every few seconds.
     Stats {
         /// The queue table (optionally schema-qualified).
@@ -315,6 +327,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             let db = db::Db::connect(&url).await?;
             match command {
                 Command::Queues => commands::queues(&db, &out).await,
+                Command::Pause { queue } => commands::pause(&db, &out, &queue, true).await,
+                Command::Resume { queue } => commands::pause(&db, &out, &queue, false).await,
                 Command::Stats { queue, watch } => commands::stats(&db, &out, &queue, watch).await,
                 Command::Jobs {
                     queue,

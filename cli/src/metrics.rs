@@ -58,6 +58,8 @@ struct QueueGauges {
     counts: [(&'static str, i64); 4],
     oldest_ready_age: f64,
     oldest_lease_age: Option<f64>,
+    /// None for an extension that predates pausing.
+    paused: Option<bool>,
 }
 
 /// One outbox's row of `inbox_outboxes()`.
@@ -149,6 +151,7 @@ impl Exporter {
                 ],
                 oldest_ready_age: row.get(5),
                 oldest_lease_age: row.get(6),
+                paused: row.get(7),
             })
             .collect();
         Ok(Reading { queues, outboxes })
@@ -198,6 +201,7 @@ fn register_queues(registry: &mut Registry, queues: &[QueueGauges]) {
     let jobs = Family::<StateLabels, Gauge>::default();
     let ready_age = Family::<QueueLabels, Gauge<f64, AtomicU64>>::default();
     let lease_age = Family::<QueueLabels, Gauge<f64, AtomicU64>>::default();
+    let paused = Family::<QueueLabels, Gauge>::default();
     for queue in queues {
         for (state, count) in queue.counts {
             jobs.get_or_create(&StateLabels {
@@ -212,6 +216,9 @@ fn register_queues(registry: &mut Registry, queues: &[QueueGauges]) {
         ready_age.get_or_create(&labels).set(queue.oldest_ready_age);
         if let Some(age) = queue.oldest_lease_age {
             lease_age.get_or_create(&labels).set(age);
+        }
+        if let Some(is_paused) = queue.paused {
+            paused.get_or_create(&labels).set(i64::from(is_paused));
         }
     }
     registry.register(
@@ -228,6 +235,11 @@ fn register_queues(registry: &mut Registry, queues: &[QueueGauges]) {
         "inbox_oldest_lease_age_seconds",
         "How long the oldest current lease has been held (0 when none; absent for tables without leased_at)",
         lease_age,
+    );
+    registry.register(
+        "inbox_queue_paused",
+        "Whether the queue is paused (1): its leases and locks hand out nothing until it is resumed",
+        paused,
     );
 }
 

@@ -14,18 +14,32 @@ pub struct Sql {
     pub params: &'static [Type],
 }
 
-/// `inbox_queues()`: every queue with its counts and ages (in seconds).
+/// `inbox_queues()`: every queue with its counts, ages (in seconds) and whether it is paused
+/// (read by name, so that an extension older than pausing answers NULL).
 pub const QUEUES: Sql = Sql {
     text: "SELECT queue::text, ready, delayed, leased, dead, \
-        extract(epoch FROM oldest_ready_age)::float8, extract(epoch FROM oldest_lease_age)::float8 \
-        FROM inbox_queues()",
+        extract(epoch FROM oldest_ready_age)::float8, extract(epoch FROM oldest_lease_age)::float8, \
+        (to_jsonb(q) -> 'paused')::bool FROM inbox_queues() q",
     params: &[],
 };
 
-/// `inbox_stats(queue)`.
+/// `inbox_stats(queue)`, its `paused` read as in [`QUEUES`].
 pub const STATS: Sql = Sql {
     text: "SELECT ready, delayed, leased, dead, \
-        extract(epoch FROM oldest_ready_age)::float8 FROM inbox_stats($1::text::regclass)",
+        extract(epoch FROM oldest_ready_age)::float8, (to_jsonb(s) -> 'paused')::bool \
+        FROM inbox_stats($1::text::regclass) s",
+    params: &[Type::TEXT],
+};
+
+/// `inbox_pause(queue)`: whether it was running.
+pub const PAUSE: Sql = Sql {
+    text: "SELECT inbox_pause($1::text::regclass)",
+    params: &[Type::TEXT],
+};
+
+/// `inbox_resume(queue)`: whether it was paused.
+pub const RESUME: Sql = Sql {
+    text: "SELECT inbox_resume($1::text::regclass)",
     params: &[Type::TEXT],
 };
 
@@ -126,10 +140,10 @@ pub const SCHEDULES: Sql = Sql {
     params: &[Type::TEXT],
 };
 
-/// `inbox_metrics()`: the gauges of every queue.
+/// `inbox_metrics()`: the gauges of every queue (`paused` read as in [`QUEUES`]).
 pub const METRICS: Sql = Sql {
     text: "SELECT queue, ready, delayed, leased, dead, oldest_ready_age_seconds, \
-        oldest_lease_age_seconds FROM inbox_metrics()",
+        oldest_lease_age_seconds, (to_jsonb(m) -> 'paused')::bool FROM inbox_metrics() m",
     params: &[],
 };
 

@@ -65,6 +65,8 @@ fn help_says_what_each_subcommand_does() {
     for command in [
         "queues",
         "stats",
+        "pause",
+        "resume",
         "jobs",
         "dead",
         "requeue",
@@ -534,13 +536,22 @@ async fn metrics_serves_every_queue_at_slash_metrics() {
     );
     assert!(lease_age.is_some_and(|age| age >= 0.0), "{body}");
 
+    let paused = |body: &str| {
+        sample(
+            body,
+            &format!("inbox_queue_paused{{queue=\"{schema}.billing\"}}"),
+        )
+    };
+    assert_eq!(paused(&body), Some(0.0), "{body}");
+
     // Each scrape reads the database afresh.
     client
-        .batch_execute("SELECT inbox_enqueue('billing', '{}')")
+        .batch_execute("SELECT inbox_enqueue('billing', '{}'); SELECT inbox_pause('billing')")
         .await
         .unwrap();
     let (_, body) = exporter.scrape();
     assert_eq!(jobs(&body, "ready"), Some(2.0), "{body}");
+    assert_eq!(paused(&body), Some(1.0), "{body}");
 
     // A connection killed under the exporter is replaced: a later scrape reads the queues again.
     let killed = count(
@@ -702,4 +713,58 @@ async fn enqueue_places_jobs_by_priority_and_group() {
     let stats = json(&db, &["stats", &queue]);
     assert_eq!(stats["ready"], 3, "low, high and the group's head");
     assert_eq!(stats["delayed"], 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_a_queue_and_show_it_in_queues_and_stats() {
+    let db = TestDb::new().await;
+    let schema = db.schema().to_owned();
+    let client = db.client().await;
+    client
+        .batch_execute("SELECT inbox_create_queue('mails'); SELECT inbox_enqueue('mails', '{}')")
+        .await
+        .unwrap();
+    let queue = format!("{schema}.mails");
+    let listed = |db: &TestDb| {
+        json(db, &["queues"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["queue"] == Value::from(queue.as_str()))
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(listed(&db)["paused"], Value::Bool(false));
+
+    assert_eq!(json(&db, &["pause", &queue])["paused"], Value::Bool(true));
+    assert_eq!(json(&db, &["pause", &queue])["paused"], Value::Bool(false));
+    assert_eq!(listed(&db)["paused"], Value::Bool(true));
+    assert_eq!(json(&db, &["stats", &queue])["paused"], Value::Bool(true));
+    let table = inbox(&db).args(["stats", &queue]).output().unwrap();
+    assert!(String::from_utf8_lossy(&table.stdout).contains("yes"));
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT count(*) FROM inbox_lease('{queue}', 10, '1 minute')")
+        )
+        .await,
+        0,
+        "a paused queue handed out a job"
+    );
+
+    let resumed = inbox(&db).args(["resume", &queue]).output().unwrap();
+    assert!(resumed.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&resumed.stdout).trim(),
+        format!("resumed {queue}")
+    );
+    assert_eq!(
+        json(&db, &["resume", &queue])["resumed"],
+        Value::Bool(false)
+    );
+    assert_eq!(listed(&db)["paused"], Value::Bool(false));
+
+    let (code, error) = failure(&db, &["pause", &format!("{schema}.nope")]);
+    assert_eq!(code, 1, "{error}");
+    assert!(error.contains("42P01"), "{error}");
 }

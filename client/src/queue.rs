@@ -95,7 +95,7 @@ pub struct DeadJob {
     pub payload_bytes: Option<Vec<u8>>,
 }
 
-/// How many jobs of a queue are in each state (see `inbox_stats`).
+/// How many jobs of a queue are in each state, and whether it is paused (see `inbox_stats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
     /// Due and not taken.
@@ -106,6 +106,8 @@ pub struct QueueStats {
     pub leased: i64,
     /// Dead-lettered, kept for an operator.
     pub dead: i64,
+    /// Whether the queue is paused ([`Queue::pause`]): its ready jobs wait for the resume.
+    pub paused: bool,
 }
 
 impl Queue {
@@ -359,6 +361,7 @@ impl Queue {
             delayed: row.get("delayed")?,
             leased: row.get("leased")?,
             dead: row.get("dead")?,
+            paused: row.get("paused")?,
         })
     }
 }

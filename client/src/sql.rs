@@ -74,7 +74,7 @@ pub(crate) const HEARTBEAT_EXTEND: &str = "SELECT inbox_extend($1::text::regclas
 
 /// `inbox_stats(queue)`, the counts only.
 pub(crate) const QUEUE_STATS: &str =
-    "SELECT ready, delayed, leased, dead FROM inbox_stats($1::text::regclass)";
+    "SELECT ready, delayed, leased, dead, paused FROM inbox_stats($1::text::regclass)";
 
 /// `inbox_channel(queue)`: the channel to LISTEN on.
 pub(crate) const QUEUE_CHANNEL: &str = "SELECT inbox_channel($1::text::regclass)";

@@ -226,6 +226,7 @@ struct QueueMetrics {
     oldest_lease_age: Option<Interval>,
     /// Whether the table has `leased_at`, without which a lease's age is unknown.
     records_leases: bool,
+    paused: bool,
 }
 
 fn queue_metrics(client: &SpiClient<'_>, oid: pg_sys::Oid) -> QueueMetrics {
@@ -244,6 +245,7 @@ fn queue_metrics(client: &SpiClient<'_>, oid: pg_sys::Oid) -> QueueMetrics {
         oldest_ready_age: row.get::<Interval>(5).ok().flatten(),
         oldest_lease_age: row.get::<Interval>(6).ok().flatten(),
         records_leases: shape.has_leased_at,
+        paused: crate::controls::paused(client, oid),
     }
 }
 
@@ -305,6 +307,7 @@ fn inbox_queues() -> TableIterator<
         name!(dead, i64),
         name!(oldest_ready_age, Option<Interval>),
         name!(oldest_lease_age, Option<Interval>),
+        name!(paused, bool),
     ),
 > {
     TableIterator::new(every_queue().into_iter().map(|(oid, _, m)| {
@@ -316,6 +319,7 @@ fn inbox_queues() -> TableIterator<
             m.dead,
             m.oldest_ready_age,
             m.oldest_lease_age,
+            m.paused,
         )
     }))
 }
@@ -342,6 +346,7 @@ fn inbox_metrics() -> TableIterator<
         name!(dead, i64),
         name!(oldest_ready_age_seconds, f64),
         name!(oldest_lease_age_seconds, Option<f64>),
+        name!(paused, bool),
     ),
 > {
     TableIterator::new(every_queue().into_iter().map(|(_, name, m)| {
@@ -356,6 +361,7 @@ fn inbox_metrics() -> TableIterator<
             m.dead,
             seconds(m.oldest_ready_age).unwrap_or(0.0),
             oldest_lease,
+            m.paused,
         )
     }))
 }

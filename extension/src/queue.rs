@@ -660,7 +660,8 @@ fn inbox_extend(
     )
 }
 
-/// How many jobs are ready, delayed, leased and dead, and how long the oldest ready one has waited.
+/// How many jobs are ready, delayed, leased and dead, how long the oldest ready one has waited,
+/// and whether the queue is paused.
 #[pg_extern(stable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
@@ -674,6 +675,7 @@ fn inbox_stats(
         name!(leased, i64),
         name!(dead, i64),
         name!(oldest_ready_age, Option<Interval>),
+        name!(paused, bool),
     ),
 > {
     let queue = required(queue, "queue").0;
@@ -690,6 +692,7 @@ fn inbox_stats(
             count(3),
             count(4),
             row.get::<Interval>(5).ok().flatten(),
+            crate::controls::paused(client, queue),
         )
     });
     TableIterator::once(row)

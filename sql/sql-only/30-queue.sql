@@ -616,7 +616,8 @@ $$;
 -- The statement runs in a volatile function, so that it reads the latest committed state with a
 -- snapshot of its own, as the pgrx build's statements do.
 CREATE OR REPLACE FUNCTION inbox__stats(queue regclass)
-RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
+RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval,
+              paused bool)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
@@ -634,7 +635,8 @@ BEGIN
         '       count(*) FILTER (WHERE (%s AND NOT (%s)) OR (%s)), '
         '       count(*) FILTER (WHERE %s AND %s), '
         '       count(*) FILTER (WHERE %s), '
-        '       $1 - min(locked_until) FILTER (WHERE locked_until <= $1) '
+        '       $1 - min(locked_until) FILTER (WHERE locked_until <= $1), '
+        '       $2 '
         '  FROM %s',
         CASE WHEN shape.nullable_locked_until THEN 'locked_until IS NULL OR locked_until <= $1'
              ELSE 'locked_until <= $1' END,
@@ -642,12 +644,13 @@ BEGIN
         timed, delivered,
         shape.dead_predicate,
         shape.table_sql)
-      USING clock_timestamp();
+      USING clock_timestamp(), inbox_paused_since(queue) IS NOT NULL;
 END
 $$;
 
 CREATE OR REPLACE FUNCTION inbox_stats(queue regclass)
-RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval)
+RETURNS TABLE(ready bigint, delayed bigint, leased bigint, dead bigint, oldest_ready_age interval,
+              paused bool)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN QUERY SELECT * FROM inbox__stats(queue);

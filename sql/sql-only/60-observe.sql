@@ -121,25 +121,27 @@ $function$;
 
 CREATE OR REPLACE FUNCTION inbox_queues()
 RETURNS TABLE (queue regclass, ready bigint, delayed bigint, leased bigint, dead bigint,
-               oldest_ready_age interval, oldest_lease_age interval)
+               oldest_ready_age interval, oldest_lease_age interval, paused bool)
 LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
 SET search_path FROM CURRENT
 AS $function$
-    SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age
+    SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age,
+           inbox_paused_since(q.queue) IS NOT NULL
       FROM inbox__every_queue() q
 $function$;
 
 CREATE OR REPLACE FUNCTION inbox_metrics()
 RETURNS TABLE (queue text, ready bigint, delayed bigint, leased bigint, dead bigint,
                oldest_ready_age_seconds double precision,
-               oldest_lease_age_seconds double precision)
+               oldest_lease_age_seconds double precision, paused bool)
 LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
 SET search_path FROM CURRENT
 AS $function$
     SELECT q.queue_name, q.ready, q.delayed, q.leased, q.dead,
            coalesce(inbox__interval_seconds(q.oldest_ready_age), 0),
            CASE WHEN q.records_leases
-                THEN coalesce(inbox__interval_seconds(q.oldest_lease_age), 0) END
+                THEN coalesce(inbox__interval_seconds(q.oldest_lease_age), 0) END,
+           inbox_paused_since(q.queue) IS NOT NULL
       FROM inbox__every_queue() q
 $function$;
 

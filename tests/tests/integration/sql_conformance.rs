@@ -528,7 +528,7 @@ async fn lease_takes_due_jobs_in_order_and_counts_attempts() {
     );
     assert_eq!(
         one::<String>(&client, "SELECT s::text FROM inbox_stats('jobs') s").await,
-        "(0,1,2,0,)"
+        "(0,1,2,0,,f)"
     );
 }
 
@@ -643,7 +643,7 @@ async fn user_tables_with_nullable_locked_until_and_bytea_work() {
     );
     assert_eq!(
         one::<String>(&client, "SELECT s::text FROM inbox_stats('refund_jobs') s").await,
-        "(0,0,1,0,)"
+        "(0,0,1,0,,f)"
     );
 }
 
@@ -759,7 +759,7 @@ async fn retry_delays_and_dead_letters_past_max_attempts() {
     );
     assert_eq!(
         one::<String>(&client, "SELECT s::text FROM inbox_stats('jobs') s").await,
-        "(0,0,0,1,)"
+        "(0,0,0,1,,f)"
     );
     assert_eq!(
         one::<String>(
