@@ -715,6 +715,45 @@ $$;
 COMMENT ON FUNCTION inbox_paused_since(pg_catalog.regclass) IS
     'Since when the queue is paused, or NULL while it runs.';
 
+CREATE OR REPLACE FUNCTION inbox_cancel(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job record;
+    applied pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    PERFORM @extschema@.inbox__required(id, 'id');
+    EXECUTE pg_catalog.format('SELECT attempt, locked_until FROM %s WHERE id = $1 FOR UPDATE', queue)
+       INTO job USING id;
+    GET DIAGNOSTICS applied = ROW_COUNT;  -- EXECUTE sets no FOUND
+    IF applied = 0 THEN
+        RETURN false;
+    ELSIF job.locked_until IS DISTINCT FROM 'infinity'::pg_catalog.timestamptz THEN
+        -- Ready, delayed or leased: dead-lettered as its holder would, with the token its
+        -- attempt is (the row is locked, so no one else settles it meanwhile).
+        RETURN @extschema@.inbox_dead(queue, id, job.attempt, 'cancelled');
+    ELSIF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid = queue AND a.attname = 'dead_at'
+                         AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        -- Without dead_at, 'infinity' means dead.
+        RETURN false;
+    END IF;
+    -- Waiting behind its group's head (or dead already, which dead_at tells).
+    EXECUTE pg_catalog.format(
+        'UPDATE %s SET dead_at = pg_catalog.clock_timestamp()%s WHERE id = $1 AND dead_at IS NULL',
+        queue,
+        CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                           WHERE a.attrelid = queue AND a.attname = 'last_error'
+                             AND a.attnum > 0 AND NOT a.attisdropped)
+             THEN ', last_error = ''cancelled''' ELSE '' END)
+      USING id;
+    GET DIAGNOSTICS applied = ROW_COUNT;
+    RETURN applied = 1;
+END
+$$;
+COMMENT ON FUNCTION inbox_cancel(pg_catalog.regclass, pg_catalog.int8) IS
+    'Cancels a waiting or running job: it becomes dead with last_error ''cancelled'', and its running delivery is fenced.';
+
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('inbox_queue_controls', '');
 

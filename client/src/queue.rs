@@ -289,6 +289,22 @@ impl Queue {
         db.query(&statement).await?.one()?.get("paused_at")
     }
 
+    /// Cancels job `id`, waiting or running: it becomes a dead job with `last_error`
+    /// `cancelled` (requeue or discard it as any dead job), and a running delivery's settlement
+    /// is refused from then on, so that its writes roll back; its handler learns of it from its
+    /// heartbeat ([`Job::cancelled`](crate::worker::Job::cancelled)). A job held by a lock
+    /// (`inbox_lock`) is cancelled when that transaction ends, unless it acked the job. `false`
+    /// when the job is gone or dead already.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn cancel(&self, db: &dyn Database, id: i64) -> Result<bool, DbError> {
+        let statement = Statement::new(sql::QUEUE_CANCEL)
+            .bind(self.table.as_str())
+            .bind(id);
+        db.query(&statement).await?.one()?.get("cancelled")
+    }
+
     /// Runs dead job `id` again (due now, attempts counted from zero; a job of a group rejoins
     /// it); `false` when the job is not dead.
     ///

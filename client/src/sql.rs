@@ -132,6 +132,10 @@ pub(crate) const QUEUE_RESUME: &str = "SELECT inbox_resume($1::text::regclass) A
 pub(crate) const QUEUE_PAUSED_SINCE: &str =
     "SELECT inbox_paused_since($1::text::regclass) AS paused_at";
 
+/// `inbox_cancel(queue, id)`: a waiting or running job becomes dead, its delivery fenced.
+pub(crate) const QUEUE_CANCEL: &str =
+    "SELECT inbox_cancel($1::text::regclass, $2::int8) AS cancelled";
+
 /// `inbox_requeue(queue, id)`: a dead job runs again.
 pub(crate) const QUEUE_REQUEUE: &str =
     "SELECT inbox_requeue($1::text::regclass, $2::int8) AS requeued";

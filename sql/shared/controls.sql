@@ -1,4 +1,5 @@
--- Pausing and resuming queues (docs/sql-api.md, "Pausing a queue"), written once for both builds.
+-- Pausing and resuming queues and cancelling jobs (docs/sql-api.md, "Pausing a queue",
+-- "Cancelling a job"), written once for both builds.
 --
 -- A pause is a row of inbox_queue_controls with paused_at set. Every lease and lock reads it
 -- before it takes anything (the pgrx build's queue.rs, the SQL-only build's inbox__take), at
@@ -114,3 +115,48 @@ END
 $$;
 COMMENT ON FUNCTION inbox_paused_since(pg_catalog.regclass) IS
     'Since when the queue is paused, or NULL while it runs.';
+
+-- Cancels job `id` of `queue`, waiting or running: it becomes a dead job whose last error says
+-- 'cancelled' (listed, requeued and discarded as dead jobs are), so that every settlement of a
+-- running delivery is fenced from then on (its ack, retry and its heartbeat's extension return
+-- false) and a job of an ordered group lets the next one run. The row is locked first: a job
+-- held by an inbox_lock transaction is cancelled when that transaction ends, unless it acked
+-- it. Whether it cancelled the job: false when it is gone or dead already.
+CREATE OR REPLACE FUNCTION inbox_cancel(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job record;
+    applied pg_catalog.int8;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    PERFORM @extschema@.inbox__required(id, 'id');
+    EXECUTE pg_catalog.format('SELECT attempt, locked_until FROM %s WHERE id = $1 FOR UPDATE', queue)
+       INTO job USING id;
+    GET DIAGNOSTICS applied = ROW_COUNT;  -- EXECUTE sets no FOUND
+    IF applied = 0 THEN
+        RETURN false;
+    ELSIF job.locked_until IS DISTINCT FROM 'infinity'::pg_catalog.timestamptz THEN
+        -- Ready, delayed or leased: dead-lettered as its holder would, with the token its
+        -- attempt is (the row is locked, so no one else settles it meanwhile).
+        RETURN @extschema@.inbox_dead(queue, id, job.attempt, 'cancelled');
+    ELSIF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid = queue AND a.attname = 'dead_at'
+                         AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        -- Without dead_at, 'infinity' means dead.
+        RETURN false;
+    END IF;
+    -- Waiting behind its group's head (or dead already, which dead_at tells).
+    EXECUTE pg_catalog.format(
+        'UPDATE %s SET dead_at = pg_catalog.clock_timestamp()%s WHERE id = $1 AND dead_at IS NULL',
+        queue,
+        CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                           WHERE a.attrelid = queue AND a.attname = 'last_error'
+                             AND a.attnum > 0 AND NOT a.attisdropped)
+             THEN ', last_error = ''cancelled''' ELSE '' END)
+      USING id;
+    GET DIAGNOSTICS applied = ROW_COUNT;
+    RETURN applied = 1;
+END
+$$;
+COMMENT ON FUNCTION inbox_cancel(pg_catalog.regclass, pg_catalog.int8) IS
+    'Cancels a waiting or running job: it becomes dead with last_error ''cancelled'', and its running delivery is fenced.';

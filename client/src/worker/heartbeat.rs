@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Object;
+use tokio_util::sync::CancellationToken;
 
 use super::{calls, Shared};
 use crate::error::ErrorKind;
@@ -16,8 +17,9 @@ const STOPPING_POLL: Duration = Duration::from_millis(10);
 
 /// Every third of the lease, extends each in-flight job's lease by a full lease; until the
 /// worker stops and its last deliveries have finished (a shutdown lets them finish, and they
-/// keep their leases meanwhile). A refused extension means another worker has the job: its
-/// handler here will find its settlement refused too.
+/// keep their leases meanwhile). A refused extension means the delivery is over here (another
+/// worker has the job, or it was cancelled): its handler is told (`Job::cancelled`), and would
+/// find its settlement refused too.
 pub(super) async fn run(shared: Arc<Shared>) {
     let lease = shared.settings.lease;
     let mut ticks = tokio::time::interval(lease / 3);
@@ -35,8 +37,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
             // (a third of the lease away), which the shutdown would otherwise wait for.
             _ = tokio::time::sleep(STOPPING_POLL), if stopping => false,
         };
-        let held: Vec<(i64, i64)> = match shared.in_flight.lock() {
-            Ok(held) => held.iter().map(|(&id, &token)| (id, token)).collect(),
+        let held: Vec<((i64, i64), CancellationToken)> = match shared.in_flight.lock() {
+            Ok(held) => held
+                .iter()
+                .map(|(&id, (token, lost))| ((id, *token), lost.clone()))
+                .collect(),
             Err(_) => return,
         };
         if held.is_empty() {
@@ -60,7 +65,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
         // a moment only), so the other jobs are extended in time.
         let statements = shared.db.statement_mode();
         let mut client = Some(client);
-        for job in held {
+        for (job, lost) in held {
             let Some(conn) = client.as_ref() else { break };
             // Bounded like every round trip: on a connection that went silent the heartbeat
             // would stop for good, and every lease with it.
@@ -79,7 +84,10 @@ pub(super) async fn run(shared: Arc<Shared>) {
             match extended {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::debug!(queue = %shared.queue, id = job.0, "lease already settled or lost")
+                    // Settled meanwhile, taken by another worker, or cancelled (inbox_cancel):
+                    // if its handler still runs, `Job::cancelled` tells it.
+                    tracing::debug!(queue = %shared.queue, id = job.0, "lease already settled or lost");
+                    lost.cancel();
                 }
                 Err(error) if error.sqlstate() == Some(LOCK_NOT_AVAILABLE) => {
                     tracing::debug!(queue = %shared.queue, id = job.0, "job fenced by its group; not extended")

@@ -5,6 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::database::Database;
 
 /// One delivery of a job: its payload decoded from JSON, and which delivery this is.
@@ -16,6 +18,33 @@ pub struct Job<T> {
     pub attempt: i32,
     /// The payload, decoded.
     pub payload: T,
+    lost: CancellationToken,
+}
+
+impl<T> Job<T> {
+    pub(crate) fn new(id: i64, attempt: i32, payload: T, lost: CancellationToken) -> Self {
+        Job {
+            id,
+            attempt,
+            payload,
+            lost,
+        }
+    }
+
+    /// Completes once this delivery is over while its handler runs: the job was cancelled
+    /// (`inbox_cancel`), or its lease was lost to another worker. The worker's heartbeat finds
+    /// out (within a third of the lease, no `LISTEN` needed), so only leased deliveries with the
+    /// heartbeat on are told. Whatever the handler does after that is not kept: its settlement
+    /// is refused, and in transactional mode its writes roll back. A handler that waits on
+    /// something slow can select on it to stop early.
+    pub async fn cancelled(&self) {
+        self.lost.cancelled().await;
+    }
+
+    /// Whether [`Job::cancelled`] has completed.
+    pub fn is_cancelled(&self) -> bool {
+        self.lost.is_cancelled()
+    }
 }
 
 /// What becomes of a job after its handler ran.

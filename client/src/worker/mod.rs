@@ -214,9 +214,10 @@ struct Shared {
     /// Tells the LISTEN session that a task found nothing to do (it registers as asleep).
     idle_slot: Notify,
     stop: CancellationToken,
-    /// Leased jobs being worked on (id → token): what the heartbeat extends, and what a
-    /// shutdown releases if their handlers had to be abandoned.
-    in_flight: Mutex<HashMap<i64, i64>>,
+    /// Leased jobs being worked on (id → token, and what tells their handler the lease is lost):
+    /// what the heartbeat extends, and what a shutdown releases if their handlers had to be
+    /// abandoned.
+    in_flight: Mutex<HashMap<i64, (i64, CancellationToken)>>,
     /// When a take last found work, in nanoseconds since `began`: the LISTEN session registers
     /// as asleep only once no take has found any for a doze (`listen.rs`).
     last_found: AtomicU64,
@@ -239,8 +240,22 @@ struct LockFailure {
 impl Shared {
     fn hold(&self, jobs: impl IntoIterator<Item = (i64, i64)>) {
         if let Ok(mut held) = self.in_flight.lock() {
-            held.extend(jobs);
+            held.extend(
+                jobs.into_iter()
+                    .map(|(id, token)| (id, (token, CancellationToken::new()))),
+            );
         }
+    }
+
+    /// What tells job `id`'s handler that its delivery was cancelled or its lease lost: the
+    /// heartbeat's, for a leased job it extends; one that never fires otherwise (a locked job's
+    /// row lock cannot be lost while its transaction runs).
+    fn lost(&self, id: i64) -> CancellationToken {
+        self.in_flight
+            .lock()
+            .ok()
+            .and_then(|held| held.get(&id).map(|(_, lost)| lost.clone()))
+            .unwrap_or_default()
     }
 
     fn release(&self, ids: impl IntoIterator<Item = i64>) {
@@ -621,7 +636,7 @@ impl WorkerHandle {
 /// Makes the leased jobs whose handlers were abandoned due again now.
 async fn release_abandoned(shared: &Shared) {
     let abandoned: Vec<(i64, i64)> = match shared.in_flight.lock() {
-        Ok(mut held) => held.drain().collect(),
+        Ok(mut held) => held.drain().map(|(id, (token, _))| (id, token)).collect(),
         Err(_) => return,
     };
     if abandoned.is_empty() {

@@ -292,11 +292,12 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     };
     let outcome = match decoded {
         Ok(payload) => {
-            let (outcome, failed) = run_handler(handler.handle(Job {
-                id: job.id,
-                attempt: job.attempt,
+            let (outcome, failed) = run_handler(handler.handle(Job::new(
+                job.id,
+                job.attempt,
                 payload,
-            }))
+                shared.lost(job.id),
+            )))
             .await;
             tally.failed += u64::from(failed);
             outcome

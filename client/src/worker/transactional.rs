@@ -512,11 +512,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         .with_statement_mode(shared.db.statement_mode())
         .with_round_trip_bound(shared.round_trip_bound());
     let delivery = catch_handler(handler.handle(
-        Job {
-            id: job.id,
-            attempt: job.attempt,
-            payload,
-        },
+        Job::new(job.id, job.attempt, payload, shared.lost(job.id)),
         &port,
     ));
     // A locked delivery opens its savepoint in the round trip of the handler's first statement

@@ -9,6 +9,7 @@
 
 mod support;
 
+mod cancel;
 mod client_inbox;
 mod client_port;
 mod cron_conformance;
