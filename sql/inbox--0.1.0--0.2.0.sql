@@ -1200,3 +1200,7 @@ CREATE FUNCTION inbox_periodic_jobs_changed() RETURNS trigger LANGUAGE c
 CREATE TRIGGER inbox_periodic_jobs_changed AFTER INSERT OR UPDATE OF queue ON inbox_periodic_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION inbox_periodic_jobs_changed();
 ALTER TABLE inbox_periodic_jobs ENABLE ALWAYS TRIGGER inbox_periodic_jobs_changed;
+
+CREATE TRIGGER inbox_queue_controls_changed AFTER INSERT OR UPDATE OR DELETE ON inbox_queue_controls
+    FOR EACH STATEMENT EXECUTE FUNCTION inbox_periodic_jobs_changed();
+ALTER TABLE inbox_queue_controls ENABLE ALWAYS TRIGGER inbox_queue_controls_changed;

@@ -217,30 +217,6 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: Oid
     }
 }
 
-/// The schedule table of the extension as SQL, quoted and schema-qualified, and its oid.
-fn schedule_table(client: &SpiClient<'_>) -> (String, Oid) {
-    let row = client
-        .select(
-            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname), c.oid \
-               FROM pg_catalog.pg_extension e \
-               JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) e.extnamespace \
-                                         AND c.relname OPERATOR(pg_catalog.=) $1 \
-               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
-              WHERE e.extname OPERATOR(pg_catalog.=) 'inbox'",
-            None,
-            &[TABLE.into()],
-        )
-        .unwrap_or_else(|e| internal(e))
-        .first();
-    match row.get_two::<String, Oid>() {
-        Ok((Some(table), Some(oid))) => (table, oid),
-        _ => raise(
-            ERRCODE_UNDEFINED_TABLE,
-            format!("the extension's table {TABLE} is missing"),
-        ),
-    }
-}
-
 fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
     if !CALLBACK.with(Cell::get) {
         // SAFETY: registered once per backend; the callback lives as long as the library.
@@ -259,7 +235,7 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
     if let Some(prepared) = PREPARED.with(|prepared| prepared.borrow().clone()) {
         return prepared;
     }
-    let (table, oid) = schedule_table(client);
+    let (table, oid) = crate::names::extension_table(client, TABLE);
     let prepare = |sql: String, args: &[Oid]| {
         let args: Vec<PgOid> = args.iter().map(|&oid| PgOid::from(oid)).collect();
         client
@@ -531,7 +507,7 @@ fn inbox_schedule(
         .unwrap_or_else(|problem| raise(ERRCODE_INVALID_PARAMETER_VALUE, problem));
     Spi::connect_mut(|client| {
         check_queue(client, queue);
-        let (table, _) = schedule_table(client);
+        let (table, _) = crate::names::extension_table(client, TABLE);
         // Declaring the same schedule again (a service does it at every start) keeps its next
         // tick, so that a tick due while the service was down still fires.
         client
@@ -568,7 +544,7 @@ fn inbox_unschedule(queue: Option<RegClass>, name: Option<&str>) -> bool {
     let queue = required(queue, "queue").0;
     let name = required(name, "name");
     Spi::connect_mut(|client| {
-        let (table, _) = schedule_table(client);
+        let (table, _) = crate::names::extension_table(client, TABLE);
         client
             .update(
                 format!("DELETE FROM {table} WHERE queue = $1 AND name = $2").as_str(),
@@ -599,7 +575,7 @@ fn inbox_schedules(
 > {
     let queue = required(queue, "queue").0;
     let rows = Spi::connect(|client| {
-        let (table, _) = schedule_table(client);
+        let (table, _) = crate::names::extension_table(client, TABLE);
         let rows = client
             .select(
                 format!(

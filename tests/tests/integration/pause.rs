@@ -44,6 +44,12 @@ async fn a_pause_holds_from_its_commit_until_the_resume() {
     let db = TestDb::new().await;
     let (pg, queue) = setup(&db, 5).await;
     let (mut admin, other) = (db.client().await, db.client().await);
+    // A session that looked at the queue before the pause (so that it knows the queue as
+    // running), and whose transaction began before the pause committed.
+    let mut earlier = db.client().await;
+    assert_eq!(lease_ids(&earlier, "inbox_lock('jobs', 1)").await.len(), 1);
+    let earlier = earlier.transaction().await.unwrap();
+    earlier.execute("SELECT 1", &[]).await.unwrap();
 
     let running = other
         .query_one(
@@ -68,6 +74,15 @@ async fn a_pause_holds_from_its_commit_until_the_resume() {
         "an uncommitted pause held"
     );
     tx.commit().await.unwrap();
+    let in_earlier = earlier
+        .query("SELECT id FROM inbox_lease('jobs', 10, '1 minute')", &[])
+        .await
+        .unwrap();
+    assert!(
+        in_earlier.is_empty(),
+        "a transaction begun before the pause leased after it"
+    );
+    earlier.rollback().await.unwrap();
 
     assert!(
         !queue.pause(&pg).await.unwrap(),
