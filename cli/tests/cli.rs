@@ -730,7 +730,7 @@ async fn pause_and_resume_a_queue_and_show_it_in_queues_and_stats() {
             .as_array()
             .unwrap()
             .iter()
-            .find(|q| q["queue"] == Value::from(queue.as_str()))
+            .find(|q| q["queue"] == queue.as_str())
             .cloned()
             .unwrap()
     };

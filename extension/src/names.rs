@@ -116,6 +116,31 @@ fn split_identifiers(text: &str) -> Result<Vec<String>, &'static str> {
     Ok(parts)
 }
 
+/// The extension's own table `name` as SQL, quoted and schema-qualified, and its oid; `42P01`
+/// when it is missing.
+pub(crate) fn extension_table(client: &pgrx::spi::SpiClient<'_>, name: &str) -> (String, Oid) {
+    let row = client
+        .select(
+            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname), c.oid \
+               FROM pg_catalog.pg_extension e \
+               JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) e.extnamespace \
+                                         AND c.relname OPERATOR(pg_catalog.=) $1 \
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+              WHERE e.extname OPERATOR(pg_catalog.=) 'inbox'",
+            None,
+            &[name.into()],
+        )
+        .unwrap_or_else(|e| internal(e))
+        .first();
+    match row.get_two::<String, Oid>() {
+        Ok((Some(table), Some(oid))) => (table, oid),
+        _ => raise(
+            ERRCODE_UNDEFINED_TABLE,
+            format!("the extension's table {name} is missing"),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod unit_tests {
     use super::*;
@@ -157,30 +182,5 @@ mod unit_tests {
     fn quotes_never_leave_an_identifier() {
         assert_eq!(quote_identifier("a\"; DROP"), "\"a\"\"; DROP\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
-    }
-}
-
-/// The extension's own table `name` as SQL, quoted and schema-qualified, and its oid; `42P01`
-/// when it is missing.
-pub(crate) fn extension_table(client: &pgrx::spi::SpiClient<'_>, name: &str) -> (String, Oid) {
-    let row = client
-        .select(
-            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname), c.oid \
-               FROM pg_catalog.pg_extension e \
-               JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) e.extnamespace \
-                                         AND c.relname OPERATOR(pg_catalog.=) $1 \
-               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
-              WHERE e.extname OPERATOR(pg_catalog.=) 'inbox'",
-            None,
-            &[name.into()],
-        )
-        .unwrap_or_else(|e| internal(e))
-        .first();
-    match row.get_two::<String, Oid>() {
-        Ok((Some(table), Some(oid))) => (table, oid),
-        _ => raise(
-            ERRCODE_UNDEFINED_TABLE,
-            format!("the extension's table {name} is missing"),
-        ),
     }
 }
