@@ -523,7 +523,7 @@ mod tests {
             2
         );
         let stats = one::<String>("SELECT s::text FROM inbox_stats('jobs') s");
-        assert_eq!(stats.as_deref(), Some("(0,1,2,0,)"));
+        assert_eq!(stats.as_deref(), Some("(0,1,2,0,,f)"));
     }
 
     #[pg_test]
@@ -603,7 +603,7 @@ mod tests {
         assert_eq!(one::<bool>("SELECT inbox_retry('refund_jobs', 2, 2, '1 hour', 'ignored: no last_error column')"), Some(true));
         assert_eq!(
             one::<String>("SELECT s::text FROM inbox_stats('refund_jobs') s").as_deref(),
-            Some("(0,0,1,0,)")
+            Some("(0,0,1,0,,f)")
         );
     }
 
@@ -679,7 +679,7 @@ mod tests {
         );
         assert_eq!(
             one::<String>("SELECT s::text FROM inbox_stats('jobs') s").as_deref(),
-            Some("(0,0,0,1,)")
+            Some("(0,0,0,1,,f)")
         );
         assert_eq!(
             one::<String>("SELECT last_error FROM jobs WHERE locked_until = 'infinity'").as_deref(),
