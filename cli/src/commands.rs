@@ -315,15 +315,37 @@ pub async fn dead(db: &Db, out: &Output, queue: &str, limit: i32) -> Result<(), 
     Ok(())
 }
 
-/// Runs `statement` (table, id) → boolean for each id; reports those it did not apply to. The
-/// table is a queue, or an outbox (`noun` names what its rows are: "job", "message").
+/// Runs `statement` (table, id) → boolean for each id of a dead row; reports those it did not
+/// apply to (exit 4). The table is a queue, or an outbox (`noun` names what its rows are: "job",
+/// "message").
 pub async fn each_dead(
+    db: &Db,
+    out: &Output,
+    statement: &Sql,
+    target: (&str, &str),
+    ids: &[i64],
+    verb: &str,
+) -> Result<(), CliError> {
+    each_job(
+        db,
+        out,
+        statement,
+        target,
+        ids,
+        (verb, ("not_dead", "not dead (or gone)", "were not dead in")),
+    )
+    .await
+}
+
+/// As [`each_dead`], with the words for the ids it did not act on: their JSON key, how the
+/// human line names them, and how the error says where.
+async fn each_job(
     db: &Db,
     out: &Output,
     statement: &Sql,
     (queue, noun): (&str, &str),
     ids: &[i64],
-    verb: &str,
+    (verb, (missing_key, missing_text, missing_error)): (&str, (&str, &str, &str)),
 ) -> Result<(), CliError> {
     let mut done = Vec::new();
     let mut missing = Vec::new();
@@ -341,11 +363,11 @@ pub async fn each_dead(
     }
     let mut value = serde_json::Map::new();
     value.insert(verb.to_owned(), json!(done));
-    value.insert("not_dead".to_owned(), json!(missing));
+    value.insert(missing_key.to_owned(), json!(missing));
     out.emit(Value::Object(value), || {
         let mut text = format!("{verb} {} {noun}(s)", done.len());
         if !missing.is_empty() {
-            text.push_str(&format!("; not dead (or gone): {missing:?}"));
+            text.push_str(&format!("; {missing_text}: {missing:?}"));
         }
         text
     });
@@ -353,11 +375,31 @@ pub async fn each_dead(
         Ok(())
     } else {
         Err(CliError::NotFound(format!(
-            "{} of {} {noun}(s) were not dead in {queue}",
+            "{} of {} {noun}(s) {missing_error} {queue}",
             missing.len(),
             ids.len()
         )))
     }
+}
+
+/// `inbox cancel`: each job becomes dead, marked cancelled; those gone or dead already exit 4.
+pub async fn cancel(db: &Db, out: &Output, queue: &str, ids: &[i64]) -> Result<(), CliError> {
+    each_job(
+        db,
+        out,
+        &sql::CANCEL,
+        (queue, "job"),
+        ids,
+        (
+            "cancelled",
+            (
+                "not_cancelled",
+                "gone or dead already",
+                "were gone or dead already in",
+            ),
+        ),
+    )
+    .await
 }
 
 pub async fn requeue(

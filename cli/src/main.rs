@@ -51,6 +51,15 @@ enum Command {
         /// The queue table (optionally schema-qualified).
         queue: String,
     },
+    /// Cancel jobs, waiting or running: each becomes a dead job marked cancelled, and a running
+    /// delivery's settlement is refused (its writes roll back).
+    Cancel {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+        /// The ids of the jobs to cancel.
+        #[arg(required = true, num_args = 1..)]
+        ids: Vec<i64>,
+    },
     /// Resume a paused queue and wake its sleeping workers.
     Resume {
         /// The queue table (optionally schema-qualified).
@@ -329,6 +338,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Command::Queues => commands::queues(&db, &out).await,
                 Command::Pause { queue } => commands::pause(&db, &out, &queue, true).await,
                 Command::Resume { queue } => commands::pause(&db, &out, &queue, false).await,
+                Command::Cancel { queue, ids } => commands::cancel(&db, &out, &queue, &ids).await,
                 Command::Stats { queue, watch } => commands::stats(&db, &out, &queue, watch).await,
                 Command::Jobs {
                     queue,

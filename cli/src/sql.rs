@@ -37,6 +37,12 @@ pub const PAUSE: Sql = Sql {
     params: &[Type::TEXT],
 };
 
+/// `inbox_cancel(queue, id)`: whether it cancelled the job.
+pub const CANCEL: Sql = Sql {
+    text: "SELECT inbox_cancel($1::text::regclass, $2::int8)",
+    params: &[Type::TEXT, Type::INT8],
+};
+
 /// `inbox_resume(queue)`: whether it was paused.
 pub const RESUME: Sql = Sql {
     text: "SELECT inbox_resume($1::text::regclass)",

@@ -67,6 +67,7 @@ fn help_says_what_each_subcommand_does() {
         "stats",
         "pause",
         "resume",
+        "cancel",
         "jobs",
         "dead",
         "requeue",
@@ -767,4 +768,31 @@ async fn pause_and_resume_a_queue_and_show_it_in_queues_and_stats() {
     let (code, error) = failure(&db, &["pause", &format!("{schema}.nope")]);
     assert_eq!(code, 1, "{error}");
     assert!(error.contains("42P01"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_makes_jobs_dead_marked_cancelled_and_exits_4_for_the_others() {
+    let db = TestDb::new().await;
+    let schema = db.schema().to_owned();
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('mails'); SELECT inbox_enqueue('mails', '{}'); \
+             SELECT inbox_enqueue('mails', '{}')",
+        )
+        .await
+        .unwrap();
+    let queue = format!("{schema}.mails");
+    let done = json(&db, &["cancel", &queue, "1"]);
+    assert_eq!(done["cancelled"], serde_json::json!([1]));
+    let (code, error) = failure(&db, &["cancel", &queue, "1", "2", "99"]);
+    assert_eq!(code, 4, "{error}");
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM inbox_dead_jobs('mails') WHERE last_error = 'cancelled'"
+        )
+        .await,
+        2
+    );
 }
