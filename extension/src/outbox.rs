@@ -74,7 +74,8 @@ fn publish(
 ) -> i64 {
     let outbox = required(outbox, "outbox").0;
     let subject = required(subject, "subject");
-    // SAFETY: a non-NULL text argument of this call, detoasted by varsize_any_exhdr's reader.
+    // SAFETY: a non-NULL text argument of this call. Its header gives its length: an empty text
+    // is never compressed or stored out of line, so a length of zero means empty.
     if unsafe { pgrx::varsize_any_exhdr(subject.0.cast_mut_ptr::<pg_sys::varlena>()) } == 0 {
         raise(ERRCODE_INVALID_PARAMETER_VALUE, "subject must not be empty");
     }
