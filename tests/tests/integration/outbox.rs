@@ -189,51 +189,48 @@ async fn bad_input_is_refused_with_its_sqlstate() {
     let db = TestDb::new().await;
     setup(&db).await;
     let client = db.client().await;
-    for (sql, state) in [
-        ("SELECT inbox_publish('events', NULL, '{}')", "22004"),
-        ("SELECT inbox_publish('events', '', '{}')", "22023"),
-        ("SELECT inbox_publish('events', 's', NULL)", "22004"),
-        (
-            "SELECT inbox_publish('events', 's', '{}', headers => '[1]')",
-            "22023",
-        ),
-        (
-            "SELECT inbox_publish('events', 's', '{}', headers => '{\"a\": 1}')",
-            "22023",
-        ),
-        ("SELECT inbox_publish('nope', 's', '{}')", "42P01"),
-        ("SELECT * FROM inbox_relay_claim('events', 'r', 0)", "22023"),
-        (
-            "SELECT * FROM inbox_relay_claim('events', 'r', 1, '-1 second')",
-            "22023",
-        ),
-        ("SELECT * FROM inbox_relay_claim('events', '', 1)", "22023"),
-        (
-            "SELECT inbox_relay_failed('events', 1, ARRAY[1], ARRAY['a', 'b'])",
-            "2202E",
-        ),
-        (
-            "SELECT * FROM inbox_outbox_messages('events', 'lost')",
-            "22023",
-        ),
-        ("SELECT inbox_create_outbox('a.b.c')", "42602"),
-        ("SELECT inbox_create_outbox(repeat('x', 64))", "42622"),
-        (
-            "CREATE TABLE plain (id bigint); SELECT inbox_create_outbox('plain')",
-            "42703",
-        ),
-        (
-            "CREATE TABLE odd (id int); SELECT inbox_create_outbox('odd')",
-            "42804",
-        ),
-    ] {
-        let error = client.batch_execute(sql).await.unwrap_err();
-        assert_eq!(
-            error.code().map(|c| c.code()),
-            Some(state),
-            "{sql}: {error:?}"
-        );
-    }
+    crate::support::assert_refused(
+        &client,
+        &[
+            ("SELECT inbox_publish('events', NULL, '{}')", "22004"),
+            ("SELECT inbox_publish('events', '', '{}')", "22023"),
+            ("SELECT inbox_publish('events', 's', NULL)", "22004"),
+            (
+                "SELECT inbox_publish('events', 's', '{}', headers => '[1]')",
+                "22023",
+            ),
+            (
+                "SELECT inbox_publish('events', 's', '{}', headers => '{\"a\": 1}')",
+                "22023",
+            ),
+            ("SELECT inbox_publish('nope', 's', '{}')", "42P01"),
+            ("SELECT * FROM inbox_relay_claim('events', 'r', 0)", "22023"),
+            (
+                "SELECT * FROM inbox_relay_claim('events', 'r', 1, '-1 second')",
+                "22023",
+            ),
+            ("SELECT * FROM inbox_relay_claim('events', '', 1)", "22023"),
+            (
+                "SELECT inbox_relay_failed('events', 1, ARRAY[1], ARRAY['a', 'b'])",
+                "2202E",
+            ),
+            (
+                "SELECT * FROM inbox_outbox_messages('events', 'lost')",
+                "22023",
+            ),
+            ("SELECT inbox_create_outbox('a.b.c')", "42602"),
+            ("SELECT inbox_create_outbox(repeat('x', 64))", "42622"),
+            (
+                "CREATE TABLE plain (id bigint); SELECT inbox_create_outbox('plain')",
+                "42703",
+            ),
+            (
+                "CREATE TABLE odd (id int); SELECT inbox_create_outbox('odd')",
+                "42804",
+            ),
+        ],
+    )
+    .await;
     // Nothing was recorded by the refused calls.
     let count: i64 = client
         .query_one("SELECT count(*) FROM events", &[])
