@@ -281,12 +281,12 @@ BEGIN
     EXCEPTION WHEN invalid_parameter_value THEN
         RAISE EXCEPTION USING ERRCODE = '42602', MESSAGE = pg_catalog.format('invalid name: %s', name);
     END;
-    IF pg_catalog.cardinality(parts) > 2 THEN
+    IF pg_catalog.cardinality(parts) OPERATOR(pg_catalog.>) 2 THEN
         RAISE EXCEPTION USING ERRCODE = '42602',
             MESSAGE = pg_catalog.format('invalid name: %s (at most schema.name)', name);
     END IF;
     FOREACH part IN ARRAY parts LOOP
-        IF pg_catalog.octet_length(part) > 63 THEN
+        IF pg_catalog.octet_length(part) OPERATOR(pg_catalog.>) 63 THEN
             RAISE EXCEPTION USING ERRCODE = '42622',
                 MESSAGE = pg_catalog.format('name too long: "%s" has more than 63 bytes', part);
         END IF;
@@ -316,7 +316,9 @@ BEGIN
         -- A claim walks the messages neither dead nor set aside in id order, and looks up each
         -- keyed one's predecessors in its key.
         EXECUTE pg_catalog.format(
-            'CREATE INDEX ON %s (id) WHERE dead_at IS NULL AND locked_until < ''infinity''', qualified);
+            'CREATE INDEX ON %s (id) '
+            'WHERE dead_at IS NULL AND locked_until OPERATOR(pg_catalog.<) ''infinity''::pg_catalog.timestamptz',
+            qualified);
         EXECUTE pg_catalog.format(
             'CREATE INDEX ON %s (ordering_key, id) WHERE ordering_key IS NOT NULL AND dead_at IS NULL',
             qualified);
@@ -336,7 +338,7 @@ BEGIN
                              ('token', 'pg_catalog.int8'), ('last_error', 'pg_catalog.text'),
                              ('dead_at', 'pg_catalog.timestamptz') LOOP
             SELECT a.atttypid::pg_catalog.regtype INTO actual FROM pg_catalog.pg_attribute a
-             WHERE a.attrelid = existing AND a.attname OPERATOR(pg_catalog.=) wanted.column1
+             WHERE a.attrelid OPERATOR(pg_catalog.=) existing AND a.attname OPERATOR(pg_catalog.=) wanted.column1
                AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped;
             IF NOT FOUND THEN
                 RAISE EXCEPTION USING ERRCODE = '42703', MESSAGE = pg_catalog.format(

@@ -36,6 +36,9 @@ const UNPINNED: &[&str] = &[
     "inbox_extend(",
     "inbox_fence(",
     "inbox_ack_all(",
+    // A producer's transaction calls it: native in this build, its statements qualified.
+    "inbox_publish(",
+    "inbox_publish_bytes(",
 ];
 
 /// Hostile objects in `public`, each recording that it ran: a clone of every `pg_catalog`
@@ -307,6 +310,24 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
             &format!("SELECT inbox_ack_all({pq}, {arrays})"),
         )
         .await;
+    }
+    // Pausing, cancelling and the outbox's publishes, rolled back too.
+    let po = format!("'public.{q}_events'");
+    for call in [
+        format!("SELECT inbox_pause({pq})"),
+        format!("SELECT * FROM inbox_lease({pq}, 10, '1 minute')"),
+        format!("SELECT inbox_paused_since({pq})"),
+        format!("SELECT inbox_resume({pq})"),
+        format!("SELECT inbox_cancel({pq}, id) FROM public.{q} LIMIT 1"),
+        format!("SELECT inbox_create_outbox({po})"),
+        format!(
+            "SELECT inbox_publish({po}, 'events.a', '{{}}'::pg_catalog.jsonb, 'k', \
+             '{{\"h\": \"v\"}}'::pg_catalog.jsonb)"
+        ),
+        format!("SELECT inbox_publish_bytes({po}, 'events.b', '\\x00'::pg_catalog.bytea)"),
+        format!("SELECT * FROM inbox_relay_claim({po}, 'relay', 10, '1 minute')"),
+    ] {
+        works(row, &client, &what, &call).await;
     }
     client.batch_execute("ROLLBACK").await?;
     let hijacked: Vec<String> = client
