@@ -76,6 +76,7 @@ mod clock;
 mod database;
 mod error;
 mod inbox;
+mod listen;
 mod mode;
 pub mod outbox;
 mod pg;

@@ -64,9 +64,6 @@ pub(crate) mod sql {
         "SELECT inbox_outbox_requeue_dead($1::text::regclass, $2::int4) AS requeued";
     pub const DISCARD: &str =
         "SELECT inbox_outbox_discard($1::text::regclass, $2::int8) AS discarded";
-    pub const CHANNEL: &str = "SELECT inbox_channel($1::text::regclass)";
-    pub const SLEEP: &str = "SELECT inbox_sleep($1::text::regclass)";
-    pub const STOP_SLEEPING: &str = "SELECT inbox_stop_sleeping($1::text::regclass)";
 }
 
 /// Headers of a message: each name with one value or more (NATS headers, Kafka record headers).

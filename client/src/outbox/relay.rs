@@ -18,14 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures_util::{stream, StreamExt};
-use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use super::{headers_from_json, sql, Delivery, Message, Sink};
 use crate::error::DbError;
+use crate::listen::ListenSession;
 use crate::pg::PgDatabase;
 
 /// How often an idle relay that cannot LISTEN (behind a pooler) looks for messages.
@@ -412,21 +410,9 @@ async fn query(
 struct Listener {
     config: Option<tokio_postgres::Config>,
     outbox: String,
-    session: Option<Session>,
+    session: Option<ListenSession>,
     /// How long to wait while due messages cannot be claimed (50 ms, doubling up to 1 s).
     blocked: Duration,
-}
-
-struct Session {
-    client: tokio_postgres::Client,
-    notifications: mpsc::UnboundedReceiver<()>,
-    driver: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
 }
 
 impl Listener {
@@ -468,13 +454,7 @@ impl Listener {
                 () = stop.cancelled() => {}
             }
             while session.notifications.try_recv().is_ok() {}
-            if let Err(error) = query(
-                &session.client,
-                sql::STOP_SLEEPING,
-                &[(&self.outbox, Type::TEXT)],
-            )
-            .await
-            {
+            if let Err(error) = session.stop_sleeping(&self.outbox).await {
                 tracing::warn!(outbox = %self.outbox, %error, "LISTEN connection lost");
                 self.session = None;
             }
@@ -490,52 +470,16 @@ impl Listener {
         }
     }
 
-    /// Registers the session as asleep (`inbox_sleep`); `false` when a message is due.
+    /// Registers the session as asleep (`inbox_sleep`); `false` when a message is due (or
+    /// publishes in flight kept the registration waiting: the relay looks at the outbox).
     async fn sleep(&mut self) -> Result<bool, DbError> {
         if self.session.is_none() {
             let Some(config) = &self.config else {
                 return Ok(false);
             };
-            self.session = Some(self.connect(config).await?);
+            self.session = Some(ListenSession::open(config, &self.outbox).await?);
         }
         let session = self.session.as_ref().expect("connected above");
-        match query(&session.client, sql::SLEEP, &[(&self.outbox, Type::TEXT)]).await {
-            Ok(rows) => Ok(rows[0].try_get(0)?),
-            // Publishes in flight kept the registration waiting: look at the outbox instead.
-            Err(error) if error.sqlstate() == Some("55P03") => Ok(false),
-            Err(error) => Err(error),
-        }
-    }
-
-    async fn connect(&self, config: &tokio_postgres::Config) -> Result<Session, DbError> {
-        let (client, mut connection) = config.connect(NoTls).await?;
-        let (notify, notifications) = mpsc::unbounded_channel();
-        let driver = tokio::spawn(async move {
-            let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(_)) => {
-                        if notify.send(()).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => return,
-                }
-            }
-        });
-        let rows = query(&client, sql::CHANNEL, &[(&self.outbox, Type::TEXT)]).await?;
-        let channel: String = rows[0].try_get(0)?;
-        client
-            .batch_execute(&format!(
-                "SET lock_timeout = '1s'; LISTEN \"{}\"",
-                channel.replace('"', "\"\"")
-            ))
-            .await?;
-        Ok(Session {
-            client,
-            notifications,
-            driver,
-        })
+        session.sleep(&self.outbox).await
     }
 }

@@ -13,13 +13,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{stream, StreamExt};
-use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
-
 use super::Shared;
 use crate::error::{DbError, ErrorKind};
-use crate::sql;
+use crate::listen::ListenSession;
 
 /// Listens on the queue's channel and wakes one idle task per notification; a lost connection
 /// is opened again (and wakes a task, in case it missed something). Without connection settings
@@ -41,54 +37,17 @@ pub(super) async fn run(shared: Arc<Shared>) {
 }
 
 async fn listen(shared: &Shared, config: &tokio_postgres::Config) -> Result<(), DbError> {
-    let (client, mut connection) = config.connect(NoTls).await?;
-    let (notify, mut notifications) = mpsc::unbounded_channel();
-    let driver = tokio::spawn(async move {
-        let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = messages.next().await {
-            match message {
-                Ok(AsyncMessage::Notification(_)) => {
-                    if notify.send(()).is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => return,
-            }
-        }
-    });
-    let result = serve(shared, &client, &mut notifications).await;
-    driver.abort();
-    result
-}
-
-/// LISTENs, then registers and unregisters the session as the slots go idle and are woken.
-async fn serve(
-    shared: &Shared,
-    client: &Client,
-    notifications: &mut mpsc::UnboundedReceiver<()>,
-) -> Result<(), DbError> {
-    let channel: String = client
-        .query_one(sql::QUEUE_CHANNEL, &[&shared.queue])
-        .await?
-        .try_get(0)?;
-    client
-        .batch_execute(&format!(
-            "{}; LISTEN \"{}\"",
-            sql::SLEEP_LOCK_TIMEOUT,
-            channel.replace('"', "\"\"")
-        ))
-        .await?;
+    let mut session = ListenSession::open(config, &shared.queue).await?;
     // Anything enqueued while this session was not listening is found by a slot looking now.
     shared.wake.notify_one();
     let mut asleep = false;
     loop {
         tokio::select! {
-            received = notifications.recv() => match received {
+            received = session.notifications.recv() => match received {
                 Some(()) => {
                     shared.wake.notify_one();
                     if asleep {
-                        client.query_one(sql::QUEUE_STOP_SLEEPING, &[&shared.queue]).await?;
+                        session.stop_sleeping(&shared.queue).await?;
                         asleep = false;
                     }
                 }
@@ -99,7 +58,12 @@ async fn serve(
                     if !quiet(shared).await {
                         return Ok(());
                     }
-                    asleep = sleep(shared, client).await?;
+                    asleep = session.sleep(&shared.queue).await?;
+                    if !asleep {
+                        // A job is due, or enqueues in flight kept the registration waiting: a
+                        // slot looks (and the next idle slot asks again).
+                        shared.wake.notify_one();
+                    }
                 }
             }
             _ = shared.stop.cancelled() => return Ok(()),
@@ -121,30 +85,6 @@ async fn quiet(shared: &Shared) -> bool {
         tokio::select! {
             _ = tokio::time::sleep(super::DOZE - quiet) => {}
             _ = shared.stop.cancelled() => return false,
-        }
-    }
-}
-
-/// Registers the session as asleep on the queue; whether it is. When a job is due already, or
-/// enqueues in flight kept the registration waiting past its lock timeout, a slot is woken to
-/// look (and the next idle slot asks again).
-async fn sleep(shared: &Shared, client: &Client) -> Result<bool, DbError> {
-    match client.query_one(sql::QUEUE_SLEEP, &[&shared.queue]).await {
-        Ok(row) => {
-            let registered: bool = row.try_get(0)?;
-            if !registered {
-                shared.wake.notify_one();
-            }
-            Ok(registered)
-        }
-        Err(error) => {
-            let error = DbError::from(error);
-            if error.sqlstate() == Some("55P03") {
-                shared.wake.notify_one();
-                Ok(false)
-            } else {
-                Err(error)
-            }
         }
     }
 }
