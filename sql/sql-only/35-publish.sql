@@ -52,8 +52,6 @@ BEGIN
     RETURN id;
 END
 $$;
-COMMENT ON FUNCTION inbox_publish_bytes(pg_catalog.regclass, pg_catalog.text, pg_catalog.bytea, pg_catalog.text, pg_catalog.jsonb) IS
-    'Records a message (bytes) in the outbox inside the caller''s transaction; returns its id.';
 
 CREATE OR REPLACE FUNCTION inbox_publish(outbox pg_catalog.regclass, subject pg_catalog.text,
                                          payload pg_catalog.jsonb, key pg_catalog.text DEFAULT NULL,
@@ -67,6 +65,4 @@ BEGIN
         key, headers);
 END
 $$;
-COMMENT ON FUNCTION inbox_publish(pg_catalog.regclass, pg_catalog.text, pg_catalog.jsonb, pg_catalog.text, pg_catalog.jsonb) IS
-    'Records a message (JSON, sent as its UTF-8 text) in the outbox inside the caller''s transaction; returns its id.';
 
