@@ -2,10 +2,10 @@
 -- "Cancelling a job"), written once for both builds.
 --
 -- A pause is a row of inbox_queue_controls with paused_at set. Every lease and lock reads it
--- before it takes anything (the pgrx build's queue.rs, the SQL-only build's inbox__take), at
--- READ COMMITTED with a statement of its own, so a pause holds from the moment its transaction
--- commits: later leases and locks hand out nothing, while deliveries already running finish and
--- settle. inbox_sleep counts nothing due on a paused queue, so that idle workers sleep rather
+-- before it takes anything (the pgrx build through controls.rs, which keeps each session's copy
+-- of the paused queues until a change of this table commits; the SQL-only build's inbox__take
+-- from the table), so a pause holds from the moment its transaction commits: later leases and
+-- locks hand out nothing, while deliveries already running finish and settle. inbox_sleep counts nothing due on a paused queue, so that idle workers sleep rather
 -- than poll; a resume wakes them as an enqueue does (inbox_notify).
 --
 -- References to the extension's own objects are written @extschema@.name (see outbox.sql).
