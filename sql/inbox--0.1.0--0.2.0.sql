@@ -672,12 +672,24 @@ $$;
 COMMENT ON FUNCTION inbox__check_queue(pg_catalog.regclass) IS
     'Raises 22004 or 42703 unless the table has the columns of a queue.';
 
+CREATE OR REPLACE FUNCTION inbox__drop_orphan_controls() RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM @extschema@.inbox_queue_controls c
+     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class r
+                        WHERE r.oid OPERATOR(pg_catalog.=) c.queue::pg_catalog.oid);
+END
+$$;
+COMMENT ON FUNCTION inbox__drop_orphan_controls() IS
+    'Deletes the pause state of queues that were dropped.';
+
 CREATE OR REPLACE FUNCTION inbox_pause(queue pg_catalog.regclass) RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     paused pg_catalog.bool;
 BEGIN
     PERFORM @extschema@.inbox__check_queue(queue);
+    PERFORM @extschema@.inbox__drop_orphan_controls();
     INSERT INTO @extschema@.inbox_queue_controls AS c (queue, paused_at)
     VALUES (queue, pg_catalog.clock_timestamp())
         ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
@@ -695,6 +707,7 @@ DECLARE
     resumed pg_catalog.bool;
 BEGIN
     PERFORM @extschema@.inbox__check_queue(queue);
+    PERFORM @extschema@.inbox__drop_orphan_controls();
     UPDATE @extschema@.inbox_queue_controls AS c SET paused_at = NULL
      WHERE c.queue = inbox_resume.queue AND c.paused_at IS NOT NULL
     RETURNING true INTO resumed;

@@ -91,6 +91,20 @@ $$;
 COMMENT ON FUNCTION inbox__check_queue(pg_catalog.regclass) IS
     'Raises 22004 or 42703 unless the table has the columns of a queue.';
 
+-- Deletes the rows of queues that are gone. The extension's event trigger deletes them in the
+-- DROP; the SQL-only build installed without a superuser has none, and a row left behind could
+-- pause a new table that reused the oid. Each pause and resume runs it.
+CREATE OR REPLACE FUNCTION inbox__drop_orphan_controls() RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM inbox_queue_controls c
+     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class r
+                        WHERE r.oid OPERATOR(pg_catalog.=) c.queue::pg_catalog.oid);
+END
+$$;
+COMMENT ON FUNCTION inbox__drop_orphan_controls() IS
+    'Deletes the pause state of queues that were dropped.';
+
 -- Pauses `queue` once the caller's transaction commits; whether it was running.
 CREATE OR REPLACE FUNCTION inbox_pause(queue pg_catalog.regclass) RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -98,6 +112,7 @@ DECLARE
     paused pg_catalog.bool;
 BEGIN
     PERFORM inbox__check_queue(queue);
+    PERFORM inbox__drop_orphan_controls();
     INSERT INTO inbox_queue_controls AS c (queue, paused_at)
     VALUES (queue, pg_catalog.clock_timestamp())
         ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
@@ -117,6 +132,7 @@ DECLARE
     resumed pg_catalog.bool;
 BEGIN
     PERFORM inbox__check_queue(queue);
+    PERFORM inbox__drop_orphan_controls();
     UPDATE inbox_queue_controls AS c SET paused_at = NULL
      WHERE c.queue = inbox_resume.queue AND c.paused_at IS NOT NULL
     RETURNING true INTO resumed;
