@@ -71,6 +71,8 @@ async fn a_waiting_job_cancelled_is_kept_as_a_dead_job_marked_cancelled() {
     assert!(dead
         .iter()
         .all(|job| job.last_error.as_deref() == Some("cancelled")));
+    // Never delivered, so no attempt counted (docs/sql-api.md, inbox_cancel).
+    assert!(dead.iter().all(|job| job.attempt == 0), "{dead:?}");
     assert!(queue.requeue(&pg, id).await.unwrap());
     assert_eq!(
         count(
