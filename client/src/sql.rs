@@ -99,10 +99,11 @@ pub(crate) struct DeliveryBegins {
 }
 
 /// Bounds each statement and each idle moment of a delivery's transaction, so a stuck handler
-/// cannot hold row locks or the vacuum horizon; the arguments are milliseconds.
-pub(crate) fn delivery_begins(statement_ms: u128, idle_ms: u128) -> DeliveryBegins {
+/// cannot hold row locks or the vacuum horizon; the timeouts are milliseconds, and `begin` opens
+/// the transaction at the worker's isolation level (`SET` takes no snapshot).
+pub(crate) fn delivery_begins(begin: &str, statement_ms: u128, idle_ms: u128) -> DeliveryBegins {
     let begin = format!(
-        "BEGIN; SET LOCAL statement_timeout = {statement_ms}; \
+        "{begin}; SET LOCAL statement_timeout = {statement_ms}; \
          SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
     );
     DeliveryBegins {

@@ -112,6 +112,40 @@ pub enum Claim {
     Lock,
 }
 
+/// The isolation level each delivery's transaction opens at ([`Worker::isolation`]).
+///
+/// Above READ COMMITTED the transaction's snapshot is taken by its first statement, so a
+/// transactional worker takes its leases outside it (each commits on its own, a round trip more
+/// per group) and opens every group by fencing its jobs (`inbox_fence`): from then until the
+/// commit no other transaction writes their rows, and the group's own settlement cannot conflict
+/// with the heartbeat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// PostgreSQL's default: each statement sees what committed before it began.
+    #[default]
+    ReadCommitted,
+    /// One snapshot for the whole transaction; a write to a row changed since fails with `40001`.
+    RepeatableRead,
+    /// As if the transactions ran one at a time; any that could not fails with `40001`.
+    Serializable,
+}
+
+impl Isolation {
+    /// The `BEGIN` that opens a transaction at this level.
+    fn begin(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "BEGIN",
+            Isolation::RepeatableRead => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            Isolation::Serializable => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+        }
+    }
+
+    /// Whether the transaction's first statement fixes its snapshot.
+    fn snapshot_per_transaction(self) -> bool {
+        self != Isolation::ReadCommitted
+    }
+}
+
 /// Counts of what a worker did, since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorkerStats {
@@ -127,6 +161,9 @@ pub struct WorkerStats {
     /// Deliveries whose settlement was refused because another worker had taken the job since
     /// (their writes were rolled back).
     pub lost: u64,
+    /// Deliveries run again at once, their attempt unspent, after a serialization failure
+    /// (`40001`) or a deadlock (`40P01`) rolled their writes back.
+    pub reran: u64,
 }
 
 #[derive(Default)]
@@ -136,6 +173,7 @@ struct Counters {
     dead: AtomicU64,
     failed: AtomicU64,
     lost: AtomicU64,
+    reran: AtomicU64,
 }
 
 impl Counters {
@@ -145,6 +183,7 @@ impl Counters {
         self.dead.fetch_add(tally.dead, Ordering::Relaxed);
         self.failed.fetch_add(tally.failed, Ordering::Relaxed);
         self.lost.fetch_add(tally.lost, Ordering::Relaxed);
+        self.reran.fetch_add(tally.reran, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> WorkerStats {
@@ -154,6 +193,7 @@ impl Counters {
             dead: self.dead.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             lost: self.lost.load(Ordering::Relaxed),
+            reran: self.reran.load(Ordering::Relaxed),
         }
     }
 }
@@ -174,6 +214,10 @@ struct Settings {
     vacuum: bool,
     statement_timeout: Duration,
     idle_in_transaction_timeout: Duration,
+    isolation: Isolation,
+    /// How many times one delivery may run again after a serialization failure or a deadlock
+    /// before it counts as a failed attempt.
+    conflict_reruns: u32,
 }
 
 impl Default for Settings {
@@ -191,6 +235,8 @@ impl Default for Settings {
             vacuum: true,
             statement_timeout: Duration::from_secs(30),
             idle_in_transaction_timeout: Duration::from_secs(60),
+            isolation: Isolation::ReadCommitted,
+            conflict_reruns: 3,
         }
     }
 }
@@ -537,8 +583,43 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         self
     }
 
+    /// The isolation level of each delivery's transaction (transactional mode; default
+    /// [`Isolation::ReadCommitted`]). Above READ COMMITTED the worker needs [`Claim::Lease`]: a
+    /// lock would be taken by the transaction's first statement, against a snapshot in which
+    /// every job another worker settled meanwhile is a serialization failure.
+    ///
+    /// At every level, a delivery whose handler fails with a serialization failure (`40001`) or
+    /// a deadlock (`40P01`), as a [`DbError`] it returns, or whose group's commit does, is
+    /// rolled back and run again at once, its attempt unspent and not counted as failed
+    /// ([`WorkerStats::reran`]), up to [`conflict_reruns`](Self::conflict_reruns) times; after
+    /// that it is a retry like any error.
+    pub fn isolation(mut self, level: Isolation) -> Self {
+        self.settings.isolation = level;
+        self
+    }
+
+    /// How many times one delivery runs again at once after a serialization failure or a
+    /// deadlock before it counts as a failed attempt (default 3; see
+    /// [`isolation`](Self::isolation)).
+    pub fn conflict_reruns(mut self, n: u32) -> Self {
+        self.settings.conflict_reruns = n;
+        self
+    }
+
     /// Starts the worker's tasks on the current tokio runtime.
+    ///
+    /// # Panics
+    /// When the worker is transactional with [`Claim::Lock`] and an [`isolation`](Self::isolation)
+    /// above READ COMMITTED, which cannot work.
     pub fn start(self) -> WorkerHandle {
+        let transactional = matches!(self.mode, Mode::Transactional(_));
+        assert!(
+            !(transactional
+                && self.settings.claim == Claim::Lock
+                && self.settings.isolation.snapshot_per_transaction()),
+            "a worker with Claim::Lock runs at READ COMMITTED only; use Claim::Lease for {:?}",
+            self.settings.isolation
+        );
         let shared = Arc::new(Shared {
             db: self.db,
             queue: self.queue,

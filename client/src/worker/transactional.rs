@@ -18,7 +18,7 @@
 //! the rows still locked. A locked group is at most [`LOCK_GROUP_MAX`] jobs: a subtransaction
 //! each, no more than the server caches per transaction.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,6 +41,9 @@ type Param = dyn tokio_postgres::types::ToSql + Sync;
 
 /// Replays of one group after which every delivery commits on its own.
 const MAX_REPLAYS: usize = 3;
+
+/// How many times a fence that failed with a serialization failure is tried again.
+const FENCE_TRIES: usize = 3;
 
 /// `25P02 in_failed_sql_transaction`: a statement sent in a transaction that an error aborted.
 const IN_FAILED_TRANSACTION: &str = "25P02";
@@ -214,6 +217,7 @@ async fn open(shared: &Shared) -> Result<SlotConnection, DbError> {
         client: Some(client),
         prepared,
         begins: sql::delivery_begins(
+            settings.isolation.begin(),
             settings.statement_timeout.as_millis(),
             settings.idle_in_transaction_timeout.as_millis(),
         ),
@@ -266,11 +270,55 @@ async fn take_first(
         shared.release(jobs.iter().map(|job| job.id));
         return Err(error.into());
     }
+    // Above READ COMMITTED the group's first statement locks its jobs' rows, so that its
+    // settlement cannot conflict with a heartbeat's extension of them.
+    let jobs = if shared.settings.isolation.snapshot_per_transaction() && !jobs.is_empty() {
+        fence_taken(shared, conn, jobs).await?
+    } else {
+        jobs
+    };
     if jobs.is_empty() {
         within(bound, conn.client().batch_execute(sql::ROLLBACK)).await??;
         conn.in_transaction = false;
     }
     Ok(jobs)
+}
+
+/// Fences freshly leased jobs as the first statement of their group's transaction; returns those
+/// still held (a job's lease may have run out meanwhile), releasing the rest, or all of them on
+/// an error.
+async fn fence_taken(
+    shared: &Shared,
+    conn: &SlotConnection,
+    jobs: Vec<Taken>,
+) -> Result<Vec<Taken>, DbError> {
+    let (ids, tokens) = fences(jobs.iter());
+    let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
+    let fenced = match conn.query(Call::Fence, &params).await {
+        Err(error) if error.kind() == ErrorKind::Retryable => {
+            refence(shared, conn, &ids, &tokens).await
+        }
+        fenced => fenced,
+    };
+    let held: HashSet<i64> = match fenced.and_then(|rows| {
+        rows.iter()
+            .map(|row| row.try_get(0).map_err(DbError::from))
+            .collect::<Result<_, _>>()
+    }) {
+        Ok(held) => held,
+        Err(error) => {
+            shared.release(ids);
+            return Err(error);
+        }
+    };
+    let (kept, lost): (Vec<Taken>, Vec<Taken>) =
+        jobs.into_iter().partition(|job| held.contains(&job.id));
+    shared.release(lost.iter().map(|job| job.id));
+    shared.counters.add(&WorkerStats {
+        lost: lost.len() as u64,
+        ..WorkerStats::default()
+    });
+    Ok(kept)
 }
 
 /// The take statement (lease or lock) for up to a group of jobs. The caller records leased jobs
@@ -325,6 +373,12 @@ enum Delivered {
         wrote: bool,
         saved: bool,
     },
+    /// The handler failed with a serialization failure or a deadlock (`reason`): its writes are
+    /// to be undone and the delivery run again.
+    Conflicted {
+        reason: String,
+        saved: bool,
+    },
 }
 
 /// One group in its transaction: the jobs still to run, those run and awaiting the commit, and
@@ -343,6 +397,8 @@ struct Group {
     /// began with, and a few.
     recoveries: usize,
     most_recoveries: usize,
+    /// How many times each job has run again after a serialization failure or a deadlock.
+    reruns: HashMap<i64, u32>,
 }
 
 /// How many jobs a slot takes for its next group.
@@ -398,7 +454,10 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
         runs: 0,
         began: Instant::now(),
         recoveries: 0,
-        most_recoveries: jobs.len() + MAX_REPLAYS + 1,
+        most_recoveries: jobs.len() * (1 + shared.settings.conflict_reruns as usize)
+            + MAX_REPLAYS
+            + 1,
+        reruns: HashMap::new(),
         pending: VecDeque::with_capacity(jobs.len()),
         done: Vec::with_capacity(jobs.len()),
         failures: Vec::new(),
@@ -450,21 +509,27 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
                         failed,
                         tally: WorkerStats::default(),
                     };
-                    // A locked job's failure is remembered until the group commits, also when it
-                    // is settled in this transaction at once: a later replay of the group rolls
-                    // that settlement back, and another slot may take the job in that moment.
-                    if failure.job.token < 0 {
-                        shared.remember_lock_failure(&failure.job, &failure.outcome, failed);
-                    }
-                    // A locked delivery is undone to its savepoint, its job still locked; a
-                    // leased group is replayed without it (its lease holds the job meanwhile).
-                    let undone = !wrote || (saved && undo_delivery(shared, conn).await);
-                    if !undone {
-                        group.replay(shared, conn, Some(failure)).await?;
+                    group.fail(shared, conn, failure, wrote, saved).await?;
+                }
+                Delivered::Conflicted { reason, saved } => {
+                    if group.rerun(shared, job.id) {
+                        // Undone to its savepoint and run again in the same transaction (at READ
+                        // COMMITTED, a new snapshot per statement), or replayed with its group.
+                        group.pending.push_front(job);
+                        if !(saved && undo_delivery(shared, conn).await) {
+                            group.replay(shared, conn, None).await?;
+                        }
                     } else {
-                        group.failures.push(failure);
-                        let last = group.failures.len() - 1;
-                        group.settle(shared, conn, last).await?;
+                        let failure = Failure {
+                            job,
+                            outcome: Outcome::Retry {
+                                after: None,
+                                reason: Some(reason),
+                            },
+                            failed: true,
+                            tally: WorkerStats::default(),
+                        };
+                        group.fail(shared, conn, failure, true, saved).await?;
                     }
                 }
             }
@@ -548,6 +613,17 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
             return Delivered::Poisoned;
         }
     }
+    if let Ok(Err(error)) = &result {
+        let conflict = error
+            .downcast_ref::<DbError>()
+            .is_some_and(|error| error.kind() == ErrorKind::Retryable);
+        if conflict {
+            return Delivered::Conflicted {
+                reason: error.to_string(),
+                saved,
+            };
+        }
+    }
     let (outcome, failed) = outcome_of(result);
     match outcome {
         Outcome::Ack => Delivered::Ack,
@@ -571,12 +647,85 @@ async fn undo_delivery(shared: &Shared, conn: &SlotConnection) -> bool {
     matches!(undone, Ok(Ok(())))
 }
 
+/// Rolls the transaction back, opens a new one and fences in it the jobs given, as its first
+/// statement; returns the rows of those still held. Above READ COMMITTED the fence fails with a
+/// serialization failure when a heartbeat wrote a job's row after the snapshot was taken, and
+/// is tried again.
+async fn refence(
+    shared: &Shared,
+    conn: &SlotConnection,
+    ids: &Vec<i64>,
+    tokens: &Vec<i64>,
+) -> Result<Vec<tokio_postgres::Row>, DbError> {
+    let client = conn.client();
+    let params: [&Param; 3] = [&shared.queue, ids, tokens];
+    let mut tries = 0;
+    loop {
+        let (restarted, fenced) = within(shared.round_trip_bound(), async {
+            tokio::join!(
+                client.batch_execute(&conn.begins.rollback_begin),
+                conn.query(Call::Fence, &params)
+            )
+        })
+        .await?;
+        restarted?;
+        match fenced {
+            Err(error) if error.kind() == ErrorKind::Retryable && tries < FENCE_TRIES => {
+                tries += 1;
+            }
+            fenced => return fenced,
+        }
+    }
+}
+
 /// The ids and tokens of `jobs`, as the array arguments of the extension's calls.
 fn fences<'a>(jobs: impl Iterator<Item = &'a Taken>) -> (Vec<i64>, Vec<i64>) {
     jobs.map(|job| (job.id, job.token)).unzip()
 }
 
 impl Group {
+    /// Settles a delivery that was not acked: a locked one is undone to its savepoint, its job
+    /// still locked, and settled at once; a leased group is replayed without it (its lease holds
+    /// the job meanwhile).
+    async fn fail(
+        &mut self,
+        shared: &Shared,
+        conn: &mut SlotConnection,
+        failure: Failure,
+        wrote: bool,
+        saved: bool,
+    ) -> Result<(), DbError> {
+        // A locked job's failure is remembered until the group commits, also when it is settled
+        // in this transaction at once: a later replay of the group rolls that settlement back,
+        // and another slot may take the job in that moment.
+        if failure.job.token < 0 {
+            shared.remember_lock_failure(&failure.job, &failure.outcome, failure.failed);
+        }
+        let undone = !wrote || (saved && undo_delivery(shared, conn).await);
+        if !undone {
+            return self.replay(shared, conn, Some(failure)).await;
+        }
+        self.failures.push(failure);
+        let last = self.failures.len() - 1;
+        self.settle(shared, conn, last).await
+    }
+
+    /// Whether job `id` may run again after a serialization failure or a deadlock (each
+    /// delivery a bounded number of times); counted when it may.
+    fn rerun(&mut self, shared: &Shared, id: i64) -> bool {
+        let reruns = self.reruns.entry(id).or_insert(0);
+        if *reruns >= shared.settings.conflict_reruns {
+            return false;
+        }
+        *reruns += 1;
+        tracing::debug!(queue = %shared.queue, id, "serialization failure or deadlock; running the delivery again");
+        shared.counters.add(&WorkerStats {
+            reran: 1,
+            ..WorkerStats::default()
+        });
+        true
+    }
+
     /// Rolls the transaction back (undoing every delivery of it), opens a new one and fences in
     /// it the jobs still held; `failure`, if it is still held, is settled there with the earlier
     /// failures, and the deliveries done so far are run again.
@@ -595,17 +744,8 @@ impl Group {
                 .chain(failure.iter().map(|f| &f.job))
                 .chain(self.failures.iter().map(|f| &f.job)),
         );
-        let client = conn.client();
-        let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
-        let (restarted, fenced) = within(shared.round_trip_bound(), async {
-            tokio::join!(
-                client.batch_execute(&conn.begins.rollback_begin),
-                conn.query(Call::Fence, &params)
-            )
-        })
-        .await?;
-        restarted?;
-        let held: HashSet<i64> = fenced?
+        let held = refence(shared, conn, &ids, &tokens).await?;
+        let held: HashSet<i64> = held
             .iter()
             .map(|row| row.try_get(0))
             .collect::<Result<_, _>>()?;
@@ -726,7 +866,14 @@ impl Group {
             return self.recover(shared, conn, error).await;
         }
         self.committed(shared);
-        let held: HashSet<i64> = fenced?
+        let fenced = match fenced {
+            // The new transaction's snapshot was older than a heartbeat's write of a job's row.
+            Err(error) if error.kind() == ErrorKind::Retryable => {
+                return self.replay(shared, conn, None).await
+            }
+            fenced => fenced?,
+        };
+        let held: HashSet<i64> = fenced
             .iter()
             .map(|row| row.try_get(0))
             .collect::<Result<_, _>>()?;
@@ -755,11 +902,14 @@ impl Group {
         size.update(self.runs, self.began.elapsed(), shared.settings.group_time);
         let (ids, tokens) = fences(self.done.iter());
         let stopping = shared.stop.is_cancelled();
+        // Above READ COMMITTED the next lease is not taken in this transaction, against its old
+        // snapshot: it commits on its own, before the next group's transaction begins.
+        let apart = stopping || shared.settings.isolation.snapshot_per_transaction();
         let client = conn.client();
         let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
         let ack = conn.query(Call::AckAll, &params);
         let bound = shared.round_trip_bound();
-        let (settled, next) = if stopping {
+        let (settled, next) = if apart {
             let (acked, committed) = within(bound, async {
                 tokio::join!(ack, client.batch_execute(sql::COMMIT))
             })
@@ -807,7 +957,7 @@ impl Group {
             return self.recover(shared, conn, error).await.map(|()| None);
         }
         self.committed(shared);
-        if stopping {
+        if apart {
             conn.in_transaction = false;
         }
         let next = next?;
@@ -868,7 +1018,13 @@ impl Group {
         if error.sqlstate() == Some("55000") {
             return self.replay(shared, conn, None).await;
         }
-        if self.replays > MAX_REPLAYS && self.done.len() == 1 {
+        // A commit that failed with a serialization failure or a deadlock runs the delivery again
+        // when it was a group's only one, within the reruns a delivery has.
+        let conflict = error.kind() == ErrorKind::Retryable;
+        if conflict && self.done.len() == 1 && self.rerun(shared, self.done[0].id) {
+            return self.replay(shared, conn, None).await;
+        }
+        if (conflict || self.replays > MAX_REPLAYS) && self.done.len() == 1 {
             let job = self.done.pop().expect("one delivery");
             let failure = Failure {
                 job,

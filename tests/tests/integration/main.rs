@@ -17,6 +17,7 @@ mod dead_letters;
 mod docs_sql;
 mod extension_concurrency;
 mod groups;
+mod isolation;
 mod observe;
 mod outbox;
 mod pause;
