@@ -215,6 +215,8 @@ struct Settings {
     statement_timeout: Duration,
     idle_in_transaction_timeout: Duration,
     isolation: Isolation,
+    /// How long a handler may run before it is abandoned and its delivery fails.
+    handler_timeout: Option<Duration>,
     /// How many times one delivery may run again after a serialization failure or a deadlock
     /// before it counts as a failed attempt.
     conflict_reruns: u32,
@@ -236,6 +238,7 @@ impl Default for Settings {
             statement_timeout: Duration::from_secs(30),
             idle_in_transaction_timeout: Duration::from_secs(60),
             isolation: Isolation::ReadCommitted,
+            handler_timeout: None,
             conflict_reruns: 3,
         }
     }
@@ -419,14 +422,33 @@ impl Shared {
     }
 }
 
-/// Runs a handler future, turning an error or a panic into a retry.
-async fn run_handler(future: BoxFuture<'_, HandlerResult>) -> (Outcome, bool) {
-    outcome_of(catch_handler(future).await)
+/// Runs a handler future, turning an error, a panic or a timeout into a retry.
+async fn run_handler(
+    future: BoxFuture<'_, HandlerResult>,
+    timeout: Option<Duration>,
+) -> (Outcome, bool) {
+    outcome_of(catch_handler(future, timeout).await)
 }
 
-/// Runs a handler future, catching a panic.
-async fn catch_handler(future: BoxFuture<'_, HandlerResult>) -> std::thread::Result<HandlerResult> {
-    std::panic::AssertUnwindSafe(future).catch_unwind().await
+/// Runs a handler future, catching a panic; past `timeout` the future is dropped and the
+/// handler fails with an error that says so.
+async fn catch_handler(
+    future: BoxFuture<'_, HandlerResult>,
+    timeout: Option<Duration>,
+) -> std::thread::Result<HandlerResult> {
+    let caught = std::panic::AssertUnwindSafe(future).catch_unwind();
+    match timeout {
+        None => caught.await,
+        Some(bound) => tokio::time::timeout(bound, caught)
+            .await
+            .unwrap_or_else(|_| {
+                Ok(Err(format!(
+                    "the handler ran past its timeout ({} ms)",
+                    bound.as_millis()
+                )
+                .into()))
+            }),
+    }
 }
 
 /// What a handler's result (or panic) means for its job, and whether the handler failed.
@@ -580,6 +602,17 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
     /// connection, its writes and its delivery, which is retried.
     pub fn idle_in_transaction_timeout(mut self, timeout: Duration) -> Self {
         self.settings.idle_in_transaction_timeout = timeout;
+        self
+    }
+
+    /// Bounds each handler's run (default: unbounded). A handler still running after `timeout`
+    /// is dropped where it waits, and its delivery fails like a handler error: retried after the
+    /// retry policy's backoff (the attempt counts), or dead-lettered past `max_attempts`. In
+    /// transactional mode its writes are rolled back; a statement it had sent finishes first
+    /// (bounded by the [`statement_timeout`](Self::statement_timeout)). Calls it made outside the
+    /// database may have taken effect, as with any retry.
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.handler_timeout = Some(timeout);
         self
     }
 

@@ -292,12 +292,10 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     };
     let outcome = match decoded {
         Ok(payload) => {
-            let (outcome, failed) = run_handler(handler.handle(Job::new(
-                job.id,
-                job.attempt,
-                payload,
-                shared.lost(job.id),
-            )))
+            let (outcome, failed) = run_handler(
+                handler.handle(Job::new(job.id, job.attempt, payload, shared.lost(job.id))),
+                shared.settings.handler_timeout,
+            )
             .await;
             tally.failed += u64::from(failed);
             outcome

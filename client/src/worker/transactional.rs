@@ -576,10 +576,13 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     let port = PgTransaction::in_transaction(conn.client())
         .with_statement_mode(shared.db.statement_mode())
         .with_round_trip_bound(shared.round_trip_bound());
-    let delivery = catch_handler(handler.handle(
-        Job::new(job.id, job.attempt, payload, shared.lost(job.id)),
-        &port,
-    ));
+    let delivery = catch_handler(
+        handler.handle(
+            Job::new(job.id, job.attempt, payload, shared.lost(job.id)),
+            &port,
+        ),
+        shared.settings.handler_timeout,
+    );
     // A locked delivery opens its savepoint in the round trip of the handler's first statement
     // (`biased`: the savepoint's message is sent first).
     let saved = job.token < 0;

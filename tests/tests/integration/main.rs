@@ -26,6 +26,7 @@ mod priorities;
 mod schedules;
 mod sql_conformance;
 mod sql_input;
+mod timeouts;
 mod wakeups;
 mod worker;
 mod worker_resilience;

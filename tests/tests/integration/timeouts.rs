@@ -1,0 +1,150 @@
+//! Handler timeouts over real connections: a handler that runs past `handler_timeout` is
+//! abandoned where it waits (on the client, or on a statement in flight) and its delivery fails
+//! as an attempt; in transactional mode its writes are rolled back.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use inbox_client::worker::{transactional, Claim, Job, Outcome, RetryPolicy, Worker};
+use inbox_client::{Database, PgDatabase, Queue, Statement};
+use inbox_tests::TestDb;
+
+fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        base: Duration::from_millis(2),
+        cap: Duration::from_millis(20),
+        max_attempts: Some(10),
+        jitter: 0.0,
+    }
+}
+
+/// A transactional handler that writes, then waits on the client (attempt 1) or on a slow
+/// statement (attempt 2): both deliveries time out and leave no write; attempt 3 commits. With
+/// a lease and with a lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transactional_handler_past_its_timeout_fails_its_attempt_and_writes_nothing() {
+    for claim in [Claim::Lease, Claim::Lock] {
+        let db = TestDb::new().await;
+        let pg = PgDatabase::from_pool_and_config(db.pool(4), db.config());
+        let queue = Queue::new("jobs");
+        pg.execute(&queue.create_statement()).await.unwrap();
+        pg.execute(&Statement::new(
+            "CREATE TABLE effects (job bigint NOT NULL, attempt int NOT NULL)",
+        ))
+        .await
+        .unwrap();
+        let id = queue.enqueue(&pg, &0, None, None).await.unwrap().unwrap();
+
+        let handler = transactional(|job: Job<i32>, tx: &dyn Database| {
+            Box::pin(async move {
+                tx.execute(
+                    &Statement::new("INSERT INTO effects VALUES ($1, $2)")
+                        .bind(job.id)
+                        .bind(job.attempt),
+                )
+                .await?;
+                match job.attempt {
+                    1 => tokio::time::sleep(Duration::from_secs(60)).await,
+                    2 => {
+                        tx.query(&Statement::new("SELECT pg_sleep(60)")).await?;
+                    }
+                    _ => {}
+                }
+                Ok(Outcome::Ack)
+            })
+        });
+        let stats = Worker::transactional(pg.clone(), "jobs", handler)
+            .workers(1)
+            .claim(claim)
+            .handler_timeout(Duration::from_millis(300))
+            // Bounds the abandoned pg_sleep, which the rollback waits for.
+            .statement_timeout(Duration::from_secs(1))
+            .retry(fast_retries())
+            .run_until_idle()
+            .await
+            .unwrap();
+
+        let effects: Vec<(i64, i32)> = db
+            .client()
+            .await
+            .query("SELECT job, attempt FROM effects", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        assert_eq!(effects, vec![(id, 3)], "{claim:?}");
+        assert_eq!(
+            (stats.acked, stats.retried, stats.failed, stats.dead),
+            (1, 2, 2, 0),
+            "{claim:?}: {stats:?}"
+        );
+    }
+}
+
+/// A plain handler past its timeout is retried with the reason recorded, and acked on the next
+/// attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plain_handler_past_its_timeout_is_retried() {
+    let db = TestDb::new().await;
+    let pg = PgDatabase::from_pool_and_config(db.pool(4), db.config());
+    let queue = Queue::new("jobs");
+    pg.execute(&queue.create_statement()).await.unwrap();
+    queue.enqueue(&pg, &0, None, None).await.unwrap().unwrap();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let handler = {
+        let attempts = attempts.clone();
+        move |job: Job<i32>| {
+            let attempts = attempts.clone();
+            async move {
+                attempts.lock().unwrap().push(job.attempt);
+                if job.attempt == 1 {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+                Ok(Outcome::Ack)
+            }
+        }
+    };
+    let worker = Worker::plain(pg.clone(), "jobs", handler)
+        .handler_timeout(Duration::from_millis(300))
+        .retry(RetryPolicy {
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(1),
+            ..fast_retries()
+        })
+        .start();
+    // Between the two deliveries the job waits with the reason of its failed attempt.
+    let client = db.client().await;
+    let mut reason: Option<String> = None;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        reason = client
+            .query_opt(
+                "SELECT last_error FROM jobs WHERE last_error IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get(0));
+        if reason.is_some() {
+            break;
+        }
+    }
+    assert!(
+        reason.as_deref().is_some_and(|r| r.contains("timeout")),
+        "{reason:?}"
+    );
+    for _ in 0..500 {
+        if worker.stats().acked == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = worker.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(*attempts.lock().unwrap(), vec![1, 2]);
+    assert_eq!(
+        (stats.acked, stats.retried, stats.failed),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+}
