@@ -50,6 +50,14 @@
 //! to it with every job still locked and settled at once. Such groups are at most
 //! [`LOCK_GROUP_MAX`] (64) jobs, a subtransaction each.
 //!
+//! # Isolation and conflicts
+//!
+//! Each delivery's transaction opens at the worker's [`isolation`](Worker::isolation) level
+//! (READ COMMITTED by default). A handler that fails with a serialization failure or a deadlock
+//! runs again at once, its attempt unspent, a bounded number of times
+//! ([`conflict_reruns`](Worker::conflict_reruns)); [`handler_timeout`](Worker::handler_timeout)
+//! bounds how long a handler may run.
+//!
 //! # Connection poolers
 //!
 //! A worker keeps no session state: its timeouts are set per transaction (`SET LOCAL`), and over
