@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use inbox_client::worker::{transactional, Claim, Isolation, Job, Outcome, RetryPolicy, Worker};
 use inbox_client::{Database, PgDatabase, Queue, Statement};
-use inbox_tests::TestDb;
+use inbox_tests::{PgBouncer, TestDb};
 use tokio::sync::Barrier;
 
 async fn setup(db: &TestDb, pool: usize) -> (PgDatabase, Queue) {
@@ -49,11 +49,16 @@ async fn effects(db: &TestDb) -> Vec<(i64, i32)> {
 }
 
 /// 8 slots whose handlers all update one of two counter rows, at REPEATABLE READ and at
-/// SERIALIZABLE: the conflicts are real (the worker reran deliveries), yet every job's effect
-/// is there once, written at attempt 1, and the counters add up.
+/// SERIALIZABLE, directly and (SERIALIZABLE) through pgbouncer in transaction mode: the
+/// conflicts are real (the worker reran deliveries), yet every job's effect is there once,
+/// written at attempt 1, and the counters add up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conflicting_handlers_commit_each_effect_once_without_spending_an_attempt() {
-    for level in [Isolation::RepeatableRead, Isolation::Serializable] {
+    for (level, pooled) in [
+        (Isolation::RepeatableRead, false),
+        (Isolation::Serializable, false),
+        (Isolation::Serializable, true),
+    ] {
         let db = TestDb::new().await;
         let (pg, queue) = setup(&db, 10).await;
         db.client()
@@ -88,7 +93,12 @@ async fn conflicting_handlers_commit_each_effect_once_without_spending_an_attemp
                 Ok(Outcome::Ack)
             })
         });
-        let stats = Worker::transactional(pg.clone(), "jobs", handler)
+        let bouncer = pooled.then(|| PgBouncer::start(&db, 10));
+        let port = match &bouncer {
+            Some(bouncer) => bouncer.port_polling(10),
+            None => pg.clone(),
+        };
+        let stats = Worker::transactional(port, "jobs", handler)
             .workers(8)
             .isolation(level)
             .conflict_reruns(1_000)
@@ -98,13 +108,21 @@ async fn conflicting_handlers_commit_each_effect_once_without_spending_an_attemp
             .unwrap();
 
         let effects = effects(&db).await;
-        assert_eq!(effects.len() as i64, jobs, "{level:?}: {effects:?}");
+        assert_eq!(
+            effects.len() as i64,
+            jobs,
+            "{level:?} (pooled: {pooled}): {effects:?}"
+        );
         let mut seen: Vec<i64> = effects.iter().map(|(job, _)| *job).collect();
         seen.dedup();
-        assert_eq!(seen.len() as i64, jobs, "{level:?}: an effect twice");
+        assert_eq!(
+            seen.len() as i64,
+            jobs,
+            "{level:?} (pooled: {pooled}): an effect twice"
+        );
         assert!(
             effects.iter().all(|(_, attempt)| *attempt == 1),
-            "{level:?}: an attempt spent on a conflict: {effects:?}"
+            "{level:?} (pooled: {pooled}): an attempt spent on a conflict: {effects:?}"
         );
         let total: i64 = db
             .client()
@@ -113,16 +131,19 @@ async fn conflicting_handlers_commit_each_effect_once_without_spending_an_attemp
             .await
             .unwrap()
             .get(0);
-        assert_eq!(total, jobs, "{level:?}");
-        assert_eq!(stats.acked as i64, jobs, "{level:?}: {stats:?}");
+        assert_eq!(total, jobs, "{level:?} (pooled: {pooled})");
+        assert_eq!(
+            stats.acked as i64, jobs,
+            "{level:?} (pooled: {pooled}): {stats:?}"
+        );
         assert_eq!(
             (stats.retried, stats.failed, stats.dead),
             (0, 0, 0),
-            "{level:?}: {stats:?}"
+            "{level:?} (pooled: {pooled}): {stats:?}"
         );
         assert!(
             stats.reran > 0,
-            "{level:?}: the handlers never conflicted, so the test proved nothing: {stats:?}"
+            "{level:?} (pooled: {pooled}): the handlers never conflicted, so the test proved nothing: {stats:?}"
         );
     }
 }
