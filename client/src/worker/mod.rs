@@ -630,7 +630,8 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
     /// every job another worker settled meanwhile is a serialization failure.
     ///
     /// At every level, a delivery whose handler fails with a serialization failure (`40001`) or
-    /// a deadlock (`40P01`), as a [`DbError`] it returns, or whose group's commit does, is
+    /// a deadlock (`40P01`), a [`DbError`] it returns or one among its error's sources, or whose
+    /// group's commit does, is
     /// rolled back and run again at once, its attempt unspent and not counted as failed
     /// ([`WorkerStats::reran`]), up to [`conflict_reruns`](Self::conflict_reruns) times; after
     /// that it is a retry like any error.

@@ -617,10 +617,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         }
     }
     if let Ok(Err(error)) = &result {
-        let conflict = error
-            .downcast_ref::<DbError>()
-            .is_some_and(|error| error.kind() == ErrorKind::Retryable);
-        if conflict {
+        if is_conflict(error.as_ref()) {
             return Delivered::Conflicted {
                 reason: error.to_string(),
                 saved,
@@ -637,6 +634,23 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
             saved,
         },
     }
+}
+
+/// Whether a handler's error is, or was caused by, a serialization failure or a deadlock: a
+/// [`DbError`] of kind `Retryable` (or tokio-postgres's error with that SQLSTATE) anywhere in its
+/// chain of sources, so that one wrapped with context is recognised too.
+fn is_conflict(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source()).any(|cause| {
+        let code = match (
+            cause.downcast_ref::<DbError>(),
+            cause.downcast_ref::<tokio_postgres::Error>(),
+        ) {
+            (Some(error), _) => return error.kind() == ErrorKind::Retryable,
+            (None, Some(error)) => error.code().map(|code| code.code()),
+            (None, None) => None,
+        };
+        code.is_some_and(|code| ErrorKind::from_sqlstate(code) == ErrorKind::Retryable)
+    })
 }
 
 /// Undoes a locked delivery's writes to its savepoint, keeping the transaction's row locks;

@@ -248,12 +248,13 @@ async fn a_deadlocked_delivery_runs_again_without_spending_an_attempt() {
 
 /// A delivery runs again at most `conflict_reruns` times: a job whose handler raises `40001`
 /// twice is acked at attempt 1 after two reruns; one that raises it three times (one more than
-/// its reruns) is retried like any failure and acked at attempt 2.
+/// its reruns) is retried like any failure and acked at attempt 2. A third job's handler returns
+/// the conflict wrapped in an error of its own, which is recognised by its source.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reruns_are_bounded_then_the_conflict_is_a_retry() {
     let db = TestDb::new().await;
     let (pg, queue) = setup(&db, 4).await;
-    let conflicts = [2_u32, 3];
+    let conflicts = [2_u32, 3, 1];
     let ids = queue.enqueue_batch(&pg, &conflicts).await.unwrap();
     let runs = Arc::new(Mutex::new(HashMap::<i64, u32>::new()));
     let handler = {
@@ -274,11 +275,17 @@ async fn reruns_are_bounded_then_the_conflict_is_a_retry() {
                 )
                 .await?;
                 if run <= job.payload {
-                    tx.execute(&Statement::new(
-                        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001', \
-                         MESSAGE = 'a conflict, raised'; END $$",
-                    ))
-                    .await?;
+                    let raised = tx
+                        .execute(&Statement::new(
+                            "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001', \
+                             MESSAGE = 'a conflict, raised'; END $$",
+                        ))
+                        .await;
+                    if job.payload == 1 {
+                        raised.map_err(Wrapped)?;
+                    } else {
+                        raised?;
+                    }
                 }
                 Ok(Outcome::Ack)
             })
@@ -294,11 +301,14 @@ async fn reruns_are_bounded_then_the_conflict_is_a_retry() {
         .unwrap();
 
     // The effects of the runs that conflicted were rolled back.
-    assert_eq!(effects(&db).await, vec![(ids[0], 1), (ids[1], 2)]);
-    assert_eq!(runs.lock().unwrap().values().sum::<u32>(), 3 + 4);
+    assert_eq!(
+        effects(&db).await,
+        vec![(ids[0], 1), (ids[1], 2), (ids[2], 1)]
+    );
+    assert_eq!(runs.lock().unwrap().values().sum::<u32>(), 3 + 4 + 2);
     assert_eq!(
         (stats.acked, stats.reran, stats.retried, stats.failed),
-        (2, 4, 1, 1),
+        (3, 5, 1, 1),
         "{stats:?}"
     );
     let left: i64 = db
@@ -309,6 +319,22 @@ async fn reruns_are_bounded_then_the_conflict_is_a_retry() {
         .unwrap()
         .get(0);
     assert_eq!(left, 0);
+}
+
+/// A handler's own error type around a database error, as error-handling crates make them.
+#[derive(Debug)]
+struct Wrapped(inbox_client::DbError);
+
+impl std::fmt::Display for Wrapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("charging the card")
+    }
+}
+
+impl std::error::Error for Wrapped {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
 }
 
 /// A locked delivery cannot run above READ COMMITTED: the worker refuses to start.
