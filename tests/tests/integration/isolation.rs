@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use inbox_client::worker::{transactional, Claim, Isolation, Job, Outcome, RetryPolicy, Worker};
+use crate::support::fast_retries;
+use inbox_client::worker::{transactional, Claim, Isolation, Job, Outcome, Worker};
 use inbox_client::{Database, PgDatabase, Queue, Statement};
 use inbox_tests::{PgBouncer, TestDb};
 use tokio::sync::Barrier;
@@ -22,15 +22,6 @@ async fn setup(db: &TestDb, pool: usize) -> (PgDatabase, Queue) {
     .await
     .unwrap();
     (pg, queue)
-}
-
-fn fast_retries() -> RetryPolicy {
-    RetryPolicy {
-        base: Duration::from_millis(2),
-        cap: Duration::from_millis(20),
-        max_attempts: Some(10),
-        jitter: 0.0,
-    }
 }
 
 /// Every job's effects, as (job, attempt), in job order.
@@ -102,7 +93,7 @@ async fn conflicting_handlers_commit_each_effect_once_without_spending_an_attemp
             .workers(8)
             .isolation(level)
             .conflict_reruns(1_000)
-            .retry(fast_retries())
+            .retry(fast_retries(10))
             .run_until_idle()
             .await
             .unwrap();
@@ -212,7 +203,7 @@ async fn a_deadlocked_delivery_runs_again_without_spending_an_attempt() {
             .group_size(1)
             .claim(claim)
             .conflict_reruns(100)
-            .retry(fast_retries())
+            .retry(fast_retries(10))
             .run_until_idle()
             .await
             .unwrap();
@@ -295,7 +286,7 @@ async fn reruns_are_bounded_then_the_conflict_is_a_retry() {
         .workers(1)
         .group_size(1)
         .conflict_reruns(2)
-        .retry(fast_retries())
+        .retry(fast_retries(10))
         .run_until_idle()
         .await
         .unwrap();

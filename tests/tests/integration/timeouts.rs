@@ -5,18 +5,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::fast_retries;
 use inbox_client::worker::{transactional, Claim, Job, Outcome, RetryPolicy, Worker};
 use inbox_client::{Database, PgDatabase, Queue, Statement};
 use inbox_tests::TestDb;
-
-fn fast_retries() -> RetryPolicy {
-    RetryPolicy {
-        base: Duration::from_millis(2),
-        cap: Duration::from_millis(20),
-        max_attempts: Some(10),
-        jitter: 0.0,
-    }
-}
 
 /// A transactional handler that writes, then waits on the client (attempt 1) or on a slow
 /// statement (attempt 2): both deliveries time out and leave no write; attempt 3 commits. With
@@ -59,7 +51,7 @@ async fn a_transactional_handler_past_its_timeout_fails_its_attempt_and_writes_n
             .handler_timeout(Duration::from_millis(300))
             // Bounds the abandoned pg_sleep, which the rollback waits for.
             .statement_timeout(Duration::from_secs(1))
-            .retry(fast_retries())
+            .retry(fast_retries(10))
             .run_until_idle()
             .await
             .unwrap();
@@ -110,7 +102,7 @@ async fn a_plain_handler_past_its_timeout_is_retried() {
         .retry(RetryPolicy {
             base: Duration::from_millis(500),
             cap: Duration::from_secs(1),
-            ..fast_retries()
+            ..fast_retries(10)
         })
         .start();
     // Between the two deliveries the job waits with the reason of its failed attempt.

@@ -11,11 +11,13 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use inbox_client::worker::{
-    transactional, Claim, HandlerError, HandlerResult, Job, Outcome, RetryPolicy, Worker,
-    WorkerStats, LOCK_GROUP_MAX,
+    transactional, Claim, HandlerError, HandlerResult, Job, Outcome, Worker, WorkerStats,
+    LOCK_GROUP_MAX,
 };
 use inbox_client::{Database, ErrorKind, PgDatabase, Queue, QueueStats, Statement};
 use inbox_tests::{PgBouncer, TestDb};
+
+use crate::support::fast_retries;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{RwLock, Semaphore};
 
@@ -206,16 +208,6 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     while !done() {
         assert!(start.elapsed() < limit, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Retries after 1–5 ms (capped at 20 ms), dead-lettering after `max_attempts` deliveries.
-fn fast_retries(max_attempts: i32) -> RetryPolicy {
-    RetryPolicy {
-        base: Duration::from_millis(2),
-        cap: Duration::from_millis(20),
-        max_attempts: Some(max_attempts),
-        jitter: 0.5,
     }
 }
 
