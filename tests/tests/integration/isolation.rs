@@ -6,38 +6,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::support::fast_retries;
+use crate::support::{count_run, effects, fast_retries, queue_with_effects};
 use inbox_client::worker::{transactional, Claim, Isolation, Job, Outcome, Worker};
-use inbox_client::{Database, PgDatabase, Queue, Statement};
+use inbox_client::{Database, PgDatabase, Statement};
 use inbox_tests::{PgBouncer, TestDb};
 use tokio::sync::Barrier;
-
-async fn setup(db: &TestDb, pool: usize) -> (PgDatabase, Queue) {
-    let pg = PgDatabase::from_pool_and_config(db.pool(pool), db.config());
-    let queue = Queue::new("jobs");
-    pg.execute(&queue.create_statement()).await.unwrap();
-    pg.execute(&Statement::new(
-        "CREATE TABLE effects (job bigint NOT NULL, attempt int NOT NULL)",
-    ))
-    .await
-    .unwrap();
-    (pg, queue)
-}
-
-/// Every job's effects, as (job, attempt), in job order.
-async fn effects(db: &TestDb) -> Vec<(i64, i32)> {
-    db.client()
-        .await
-        .query(
-            "SELECT job, attempt FROM effects ORDER BY job, attempt",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect()
-}
 
 /// 8 slots whose handlers all update one of two counter rows, at REPEATABLE READ and at
 /// SERIALIZABLE, directly and (SERIALIZABLE) through pgbouncer in transaction mode: the
@@ -51,15 +24,13 @@ async fn conflicting_handlers_commit_each_effect_once_without_spending_an_attemp
         (Isolation::Serializable, true),
     ] {
         let db = TestDb::new().await;
-        let (pg, queue) = setup(&db, 10).await;
-        db.client()
-            .await
-            .batch_execute(
-                "CREATE TABLE counters (bucket int PRIMARY KEY, n int NOT NULL); \
-                 INSERT INTO counters VALUES (0, 0), (1, 0)",
-            )
-            .await
-            .unwrap();
+        let (pg, queue) = queue_with_effects(
+            &db,
+            10,
+            "CREATE TABLE counters (bucket int PRIMARY KEY, n int NOT NULL); \
+             INSERT INTO counters VALUES (0, 0), (1, 0)",
+        )
+        .await;
         let jobs = 200_i64;
         let payloads: Vec<i64> = (0..jobs).map(|n| n % 2).collect();
         queue.enqueue_batch(&pg, &payloads).await.unwrap();
@@ -141,22 +112,19 @@ async fn conflicting_handlers_commit_each_effect_once_without_spending_an_attemp
 
 /// Two jobs that lock two rows in opposite orders, at READ COMMITTED, held together by a
 /// barrier so that they deadlock: the one the server aborts (`40P01`) runs again at once (its
-/// reruns here ample), in a
-/// locked group inside its savepoint and in a leased group by a replay; both effects commit once,
-/// at attempt 1.
+/// reruns here ample), in a locked group inside its savepoint and in a leased group by a replay;
+/// both effects commit once, at attempt 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deadlocked_delivery_runs_again_without_spending_an_attempt() {
     for claim in [Claim::Lock, Claim::Lease] {
         let db = TestDb::new().await;
-        let (pg, queue) = setup(&db, 4).await;
-        db.client()
-            .await
-            .batch_execute(
-                "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); \
-                 INSERT INTO accounts VALUES (1, 0), (2, 0)",
-            )
-            .await
-            .unwrap();
+        let (pg, queue) = queue_with_effects(
+            &db,
+            4,
+            "CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL); \
+             INSERT INTO accounts VALUES (1, 0), (2, 0)",
+        )
+        .await;
         // Job 1 moves from account 1 to 2, job 2 from 2 to 1.
         queue.enqueue_batch(&pg, &[[1, 2], [2, 1]]).await.unwrap();
 
@@ -173,13 +141,7 @@ async fn a_deadlocked_delivery_runs_again_without_spending_an_attempt() {
                             .bind(from),
                     )
                     .await?;
-                    let runs = {
-                        let mut runs = first_runs.lock().unwrap();
-                        let entry = runs.entry(job.id).or_insert(0);
-                        *entry += 1;
-                        *entry
-                    };
-                    if runs == 1 {
+                    if count_run(&first_runs, job.id) == 1 {
                         // Both hold their first row before either asks for its second.
                         barrier.wait().await;
                     }
@@ -244,7 +206,7 @@ async fn a_deadlocked_delivery_runs_again_without_spending_an_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reruns_are_bounded_then_the_conflict_is_a_retry() {
     let db = TestDb::new().await;
-    let (pg, queue) = setup(&db, 4).await;
+    let (pg, queue) = queue_with_effects(&db, 4, "").await;
     let conflicts = [2_u32, 3, 1];
     let ids = queue.enqueue_batch(&pg, &conflicts).await.unwrap();
     let runs = Arc::new(Mutex::new(HashMap::<i64, u32>::new()));
@@ -253,12 +215,7 @@ async fn reruns_are_bounded_then_the_conflict_is_a_retry() {
         transactional(move |job: Job<u32>, tx: &dyn Database| {
             let runs = runs.clone();
             Box::pin(async move {
-                let run = {
-                    let mut runs = runs.lock().unwrap();
-                    let entry = runs.entry(job.id).or_insert(0);
-                    *entry += 1;
-                    *entry
-                };
+                let run = count_run(&runs, job.id);
                 tx.execute(
                     &Statement::new("INSERT INTO effects VALUES ($1, $2)")
                         .bind(job.id)

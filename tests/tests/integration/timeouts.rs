@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::fast_retries;
+use crate::support::{effects, fast_retries, queue_with_effects};
 use inbox_client::worker::{transactional, Claim, Job, Outcome, RetryPolicy, Worker};
 use inbox_client::{Database, PgDatabase, Queue, Statement};
 use inbox_tests::TestDb;
@@ -17,14 +17,7 @@ use inbox_tests::TestDb;
 async fn a_transactional_handler_past_its_timeout_fails_its_attempt_and_writes_nothing() {
     for claim in [Claim::Lease, Claim::Lock] {
         let db = TestDb::new().await;
-        let pg = PgDatabase::from_pool_and_config(db.pool(4), db.config());
-        let queue = Queue::new("jobs");
-        pg.execute(&queue.create_statement()).await.unwrap();
-        pg.execute(&Statement::new(
-            "CREATE TABLE effects (job bigint NOT NULL, attempt int NOT NULL)",
-        ))
-        .await
-        .unwrap();
+        let (pg, queue) = queue_with_effects(&db, 4, "").await;
         let id = queue.enqueue(&pg, &0, None, None).await.unwrap().unwrap();
 
         let handler = transactional(|job: Job<i32>, tx: &dyn Database| {
@@ -56,16 +49,7 @@ async fn a_transactional_handler_past_its_timeout_fails_its_attempt_and_writes_n
             .await
             .unwrap();
 
-        let effects: Vec<(i64, i32)> = db
-            .client()
-            .await
-            .query("SELECT job, attempt FROM effects", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-        assert_eq!(effects, vec![(id, 3)], "{claim:?}");
+        assert_eq!(effects(&db).await, vec![(id, 3)], "{claim:?}");
         assert_eq!(
             (stats.acked, stats.retried, stats.failed, stats.dead),
             (1, 2, 2, 0),

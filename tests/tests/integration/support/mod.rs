@@ -2,9 +2,52 @@
 
 pub mod explain;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use inbox_client::worker::RetryPolicy;
+use inbox_client::{Database, PgDatabase, Queue};
+use inbox_tests::TestDb;
+
+/// A port over `pool` connections with the queue `jobs` and a table `effects (job, attempt)`
+/// in which handlers record the runs that commit; `tables` is further SQL the test needs.
+pub async fn queue_with_effects(db: &TestDb, pool: usize, tables: &str) -> (PgDatabase, Queue) {
+    let pg = PgDatabase::from_pool_and_config(db.pool(pool), db.config());
+    let queue = Queue::new("jobs");
+    pg.execute(&queue.create_statement()).await.unwrap();
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE TABLE effects (job bigint NOT NULL, attempt int NOT NULL); {tables}"
+        ))
+        .await
+        .unwrap();
+    (pg, queue)
+}
+
+/// The committed effects, as (job, attempt), in that order.
+pub async fn effects(db: &TestDb) -> Vec<(i64, i32)> {
+    db.client()
+        .await
+        .query(
+            "SELECT job, attempt FROM effects ORDER BY job, attempt",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Counts one more run of job `id`; returns which run this is (1 on the first).
+pub fn count_run(runs: &Mutex<HashMap<i64, u32>>, id: i64) -> u32 {
+    let mut runs = runs.lock().unwrap();
+    let run = runs.entry(id).or_insert(0);
+    *run += 1;
+    *run
+}
 
 /// Retries after 1–5 ms (capped at 20 ms), dead-lettering after `max_attempts` deliveries.
 pub fn fast_retries(max_attempts: i32) -> RetryPolicy {
