@@ -94,7 +94,7 @@ pub use error::{DbError, ErrorKind};
 pub use inbox::Inbox;
 pub use mode::StatementMode;
 pub use pg::{PgDatabase, DATABASE_URL};
-pub use queue::{BatchOptions, DeadJob, EnqueueOptions, Queue, QueueStats};
+pub use queue::{BatchOptions, DeadJob, EnqueueOptions, Queue, QueueLimits, QueueStats, RateLimit};
 pub use rows::{FromValue, Row, Rows};
 pub use schedule::Schedule;
 pub use statement::{Statement, Value};

@@ -1,5 +1,7 @@
 //! [`Queue`]: a job queue table, as producers and operators see it.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -108,6 +110,36 @@ pub struct QueueStats {
     pub dead: i64,
     /// Whether the queue is paused ([`Queue::pause`]): its ready jobs wait for the resume.
     pub paused: bool,
+}
+
+/// At most `starts` jobs of a queue start in any window of length `per` (see
+/// [`Queue::set_rate_limit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    /// How many starts a window holds (1 to 10,000).
+    pub starts: i32,
+    /// The window (at most a day).
+    pub per: Duration,
+}
+
+impl RateLimit {
+    /// `starts` per `per`.
+    pub fn new(starts: i32, per: Duration) -> Self {
+        Self { starts, per }
+    }
+}
+
+/// A queue's limits and how much of them is in use (see `inbox_limits`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// How many jobs may run at once ([`Queue::set_concurrency`]).
+    pub concurrency: Option<i32>,
+    /// How many leased jobs hold a slot of that limit now.
+    pub running: Option<i64>,
+    /// How many jobs may start in a window ([`Queue::set_rate_limit`]).
+    pub rate: Option<RateLimit>,
+    /// How many started within the window that ends now.
+    pub recent_starts: Option<i64>,
 }
 
 impl Queue {
@@ -287,6 +319,63 @@ impl Queue {
     pub async fn paused_since(&self, db: &dyn Database) -> Result<Option<DateTime<Utc>>, DbError> {
         let statement = Statement::new(sql::QUEUE_PAUSED_SINCE).bind(self.table.as_str());
         db.query(&statement).await?.one()?.get("paused_at")
+    }
+
+    /// Sets how many jobs of the queue may run at once across all its workers and processes
+    /// (`None`: no limit), once `db`'s transaction commits. A job runs from its lease until it
+    /// is settled or its lease expires; lowering the limit lets the jobs above it finish, and
+    /// starts nothing until they have. Waits for the transactions holding its slots
+    /// (`inbox_lock`) to end.
+    ///
+    /// # Errors
+    /// The database's error (`22023` for a limit outside 1 to 10,000, `42703` for a table that
+    /// does not record its leases).
+    pub async fn set_concurrency(&self, db: &dyn Database, n: Option<i32>) -> Result<(), DbError> {
+        let statement = Statement::new(sql::QUEUE_SET_CONCURRENCY)
+            .bind(self.table.as_str())
+            .bind(n);
+        db.query(&statement).await.map(drop)
+    }
+
+    /// Sets how many jobs of the queue may start in any window of `rate.per` (`None`: no limit),
+    /// once `db`'s transaction commits. A start is a lease (or a lock), on the server's clock;
+    /// a lease limited by it returns fewer jobs, and idle workers sleep until their next poll.
+    ///
+    /// # Errors
+    /// The database's error (`22023` for a count outside 1 to 10,000 or a window that is not
+    /// positive or longer than a day).
+    pub async fn set_rate_limit(
+        &self,
+        db: &dyn Database,
+        rate: Option<RateLimit>,
+    ) -> Result<(), DbError> {
+        let statement = Statement::new(sql::QUEUE_SET_RATE_LIMIT)
+            .bind(self.table.as_str())
+            .bind(rate.map(|rate| rate.starts))
+            .bind(rate.map_or(1.0, |rate| rate.per.as_secs_f64()));
+        db.query(&statement).await.map(drop)
+    }
+
+    /// The queue's limits and how much of them is in use.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn limits(&self, db: &dyn Database) -> Result<QueueLimits, DbError> {
+        let rows = db
+            .query(&Statement::new(sql::QUEUE_LIMITS).bind(self.table.as_str()))
+            .await?;
+        let row = rows.one()?;
+        let starts: Option<i32> = row.get("rate_limit")?;
+        let per: Option<f64> = row.get("rate_period")?;
+        Ok(QueueLimits {
+            concurrency: row.get("concurrency")?,
+            running: row.get("running")?,
+            rate: starts.zip(per).map(|(starts, per)| RateLimit {
+                starts,
+                per: Duration::from_secs_f64(per.max(0.0)),
+            }),
+            recent_starts: row.get("recent_starts")?,
+        })
     }
 
     /// Cancels job `id`, waiting or running: it becomes a dead job with `last_error`

@@ -133,6 +133,19 @@ pub(crate) const QUEUE_RESUME: &str = "SELECT inbox_resume($1::text::regclass) A
 pub(crate) const QUEUE_PAUSED_SINCE: &str =
     "SELECT inbox_paused_since($1::text::regclass) AS paused_at";
 
+/// `inbox_set_concurrency(queue, n)`: at most n jobs running at once (NULL: no limit).
+pub(crate) const QUEUE_SET_CONCURRENCY: &str =
+    "SELECT inbox_set_concurrency($1::text::regclass, $2::int4)";
+
+/// `inbox_set_rate_limit(queue, n, per)`: at most n starts in any window of `per` seconds.
+pub(crate) const QUEUE_SET_RATE_LIMIT: &str = "SELECT inbox_set_rate_limit($1::text::regclass, \
+     $2::int4, make_interval(secs => $3::float8))";
+
+/// `inbox_limits(queue)`: the limits and their use, the rate's window in seconds.
+pub(crate) const QUEUE_LIMITS: &str = "SELECT concurrency, running, rate_limit, \
+     extract(epoch FROM rate_period)::float8 AS rate_period, recent_starts \
+     FROM inbox_limits($1::text::regclass)";
+
 /// `inbox_cancel(queue, id)`: a waiting or running job becomes dead, its delivery fenced.
 pub(crate) const QUEUE_CANCEL: &str =
     "SELECT inbox_cancel($1::text::regclass, $2::int8) AS cancelled";

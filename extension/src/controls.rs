@@ -1,7 +1,9 @@
-//! Pausing and resuming queues: `sql/shared/controls.sql` has the functions (both builds); this
-//! build's leases, locks and `inbox_sleep` read the pause through [`paused`].
+//! Pausing and resuming queues, and their limits: `sql/shared/controls.sql` and
+//! `sql/shared/limits.sql` have the functions (both builds); this build's leases, locks and
+//! `inbox_sleep` read the state through [`control`], and take from a queue with limits by
+//! `inbox__take_limited`.
 //!
-//! Each backend keeps the set of paused queues, read once and dropped by the relcache
+//! Each backend keeps the set of paused and limited queues, read once and dropped by the relcache
 //! invalidation that every change of `inbox_queue_controls` sends when it commits (its statement
 //! trigger, as the schedules' table has), so that a lease on a queue that is not paused costs a
 //! set lookup. [`paused`] takes in the invalidations that arrived before it looks (PostgreSQL
@@ -9,7 +11,7 @@
 //! before the call is seen, also by a lease inside a transaction that began earlier.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
@@ -24,6 +26,13 @@ extension_sql_file!(
     "../../sql/shared/controls.sql",
     name = "controls",
     requires = ["outbox"]
+);
+
+// The limits' slots and the limited take (calls inbox__take_unlimited, queue.rs).
+extension_sql_file!(
+    "../../sql/shared/limits.sql",
+    name = "limits",
+    requires = ["controls"]
 );
 
 // The trigger function the schedules' table uses: it sends the table's relcache invalidation.
@@ -44,9 +53,23 @@ thread_local! {
     static CALLBACK: Cell<bool> = const { Cell::new(false) };
     /// Set by the relcache callback: the set is read again before its next use.
     static STALE: Cell<bool> = const { Cell::new(false) };
-    /// The table as SQL, and the paused queues as the user of this oid sees them (row-level
-    /// security).
-    static PAUSED: RefCell<Option<(String, Oid, HashSet<Oid>)>> = const { RefCell::new(None) };
+    /// The table as SQL, and the paused or limited queues as the user of this oid sees them
+    /// (row-level security).
+    static CONTROLS: RefCell<Option<(String, Oid, HashMap<Oid, Control>)>> = const { RefCell::new(None) };
+}
+
+/// What a take of a queue must heed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Control {
+    /// Takes hand out nothing.
+    pub paused: bool,
+    /// Takes go through `inbox__take_limited` (a concurrency or rate limit).
+    pub limited: bool,
+}
+
+/// Whether `queue` is paused (see [`control`]).
+pub(crate) fn paused(client: &SpiClient<'_>, queue: Oid) -> bool {
+    control(client, queue).paused
 }
 
 #[pgrx::pg_guard]
@@ -56,10 +79,10 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: Oid
     }
 }
 
-/// Whether `queue` is paused: at `READ COMMITTED`, by every pause committed before the call; in
-/// an older snapshot (`REPEATABLE READ`), as that snapshot shows it, read from the table and not
-/// kept.
-pub(crate) fn paused(client: &SpiClient<'_>, queue: Oid) -> bool {
+/// Whether `queue` is paused or limited: at `READ COMMITTED`, by every change committed before
+/// the call; in an older snapshot (`REPEATABLE READ`), as that snapshot shows it, read from the
+/// table and not kept.
+pub(crate) fn control(client: &SpiClient<'_>, queue: Oid) -> Control {
     if !CALLBACK.with(Cell::get) {
         // SAFETY: registered once per backend; the callback lives as long as the library.
         unsafe {
@@ -75,21 +98,21 @@ pub(crate) fn paused(client: &SpiClient<'_>, queue: Oid) -> bool {
     // SAFETY: reads the transaction's isolation level and the current user.
     let (isolation, user) = unsafe { (pg_sys::XactIsoLevel, pg_sys::GetUserId()) };
     if STALE.with(|stale| stale.replace(false)) {
-        PAUSED.with(|cached| cached.borrow_mut().take());
+        CONTROLS.with(|cached| cached.borrow_mut().take());
     }
     if isolation < pg_sys::XACT_REPEATABLE_READ as i32 {
-        let known = PAUSED.with(|cached| {
+        let known = CONTROLS.with(|cached| {
             cached
                 .borrow()
                 .as_ref()
                 .filter(|(_, seen_by, _)| *seen_by == user)
-                .map(|(_, _, queues)| queues.contains(&queue))
+                .map(|(_, _, queues)| queues.get(&queue).copied().unwrap_or_default())
         });
         if let Some(known) = known {
             return known;
         }
     }
-    let table = PAUSED
+    let table = CONTROLS
         .with(|cached| cached.borrow().as_ref().map(|(table, _, _)| table.clone()))
         .unwrap_or_else(|| {
             let (table, oid) = crate::names::extension_table(client, TABLE);
@@ -97,15 +120,25 @@ pub(crate) fn paused(client: &SpiClient<'_>, queue: Oid) -> bool {
             table
         });
     let read_committed = isolation < pg_sys::XACT_REPEATABLE_READ as i32;
-    let read = || -> HashSet<Oid> {
+    let read = || -> HashMap<Oid, Control> {
         client
             .select(
-                &format!("SELECT queue::pg_catalog.oid FROM {table} WHERE paused_at IS NOT NULL"),
+                &format!(
+                    "SELECT queue::pg_catalog.oid, paused_at IS NOT NULL, \
+                            concurrency IS NOT NULL OR rate_limit IS NOT NULL \
+                       FROM {table} \
+                      WHERE paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_limit IS NOT NULL"
+                ),
                 None,
                 &[],
             )
             .unwrap_or_else(|e| internal(e))
-            .filter_map(|row| row.get::<Oid>(1).ok().flatten())
+            .filter_map(|row| {
+                let queue = row.get::<Oid>(1).ok().flatten()?;
+                let paused = row.get::<bool>(2).ok().flatten().unwrap_or(false);
+                let limited = row.get::<bool>(3).ok().flatten().unwrap_or(false);
+                Some((queue, Control { paused, limited }))
+            })
             .collect()
     };
     let queues = if read_committed {
@@ -120,9 +153,89 @@ pub(crate) fn paused(client: &SpiClient<'_>, queue: Oid) -> bool {
     } else {
         read()
     };
-    let paused = queues.contains(&queue);
+    let control = queues.get(&queue).copied().unwrap_or_default();
     if read_committed {
-        PAUSED.with(|cached| *cached.borrow_mut() = Some((table, user, queues)));
+        CONTROLS.with(|cached| *cached.borrow_mut() = Some((table, user, queues)));
     }
-    paused
+    control
+}
+
+thread_local! {
+    /// The extension's schema, quoted, once looked up.
+    static SCHEMA: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// The extension's schema, quoted.
+fn schema(client: &SpiClient<'_>) -> String {
+    SCHEMA.with(|cached| {
+        cached
+            .borrow_mut()
+            .get_or_insert_with(|| {
+                let (table, _) = crate::names::extension_table(client, TABLE);
+                // The table's name is quoted and qualified: the schema is what precedes its dot.
+                table
+                    .strip_suffix(&format!(".{TABLE}"))
+                    .unwrap_or_else(|| {
+                        raise(ERRCODE_INTERNAL_ERROR, format!("unexpected name {table}"))
+                    })
+                    .to_owned()
+            })
+            .clone()
+    })
+}
+
+/// Whether the limits of `queue` would let a job start now (`inbox__limits_allow`).
+pub(crate) fn limits_allow(client: &SpiClient<'_>, queue: Oid) -> bool {
+    let schema = schema(client);
+    client
+        .select(
+            &format!("SELECT {schema}.inbox__limits_allow($1)"),
+            None,
+            &[crate::datum::RegClass(queue).into()],
+        )
+        .and_then(|rows| rows.first().get_one::<bool>())
+        .unwrap_or_else(|e| internal(e))
+        .unwrap_or(true)
+}
+
+/// The take of a queue with limits: `inbox__take_limited` (`sql/shared/limits.sql`), which gives
+/// each job it hands out a slot of every limit and takes the jobs through
+/// `inbox__take_unlimited`.
+pub(crate) fn take_limited(
+    client: &mut SpiClient<'_>,
+    queue: Oid,
+    max: i32,
+    lease: Option<pgrx::datum::Interval>,
+) -> Vec<crate::queue::Delivery> {
+    let schema = schema(client);
+    let rows = client
+        .update(
+            &format!(
+                "SELECT id, attempt, token, payload, payload_bytes \
+                   FROM {schema}.inbox__take_limited($1, $2, $3)"
+            ),
+            None,
+            &[
+                crate::datum::RegClass(queue).into(),
+                max.into(),
+                lease.into(),
+            ],
+        )
+        .unwrap_or_else(|e| internal(e));
+    (0..rows.len())
+        .map(|row| {
+            // SAFETY: the last SPI result is this one, of (int8, int4, int8, jsonb, bytea) rows;
+            // the payloads are copied into the caller's memory context.
+            unsafe {
+                use crate::datum::spi_result_datum;
+                (
+                    spi_result_datum(row, 1).map_or(0, |d| d.value() as i64),
+                    spi_result_datum(row, 2).map_or(0, |d| d.value() as i32),
+                    spi_result_datum(row, 3).map_or(0, |d| d.value() as i64),
+                    spi_result_datum(row, 4).map(crate::datum::Jsonb),
+                    spi_result_datum(row, 5).map(crate::datum::Bytea),
+                )
+            }
+        })
+        .collect()
 }

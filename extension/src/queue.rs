@@ -372,20 +372,31 @@ fn inbox_enqueue_batch_bytes(
 
 /// One job handed to a worker: `payload` for a `jsonb` queue, `payload_bytes` for a `bytea` one.
 /// (`#[pg_extern]` reads the column names from the signature, so they are spelled out there.)
-type Delivery = (i64, i32, i64, Option<Jsonb>, Option<Bytea>);
+pub(crate) type Delivery = (i64, i32, i64, Option<Jsonb>, Option<Bytea>);
 
-/// Locks up to `max` due jobs and reads them; with `lease`, also leases them.
-fn take(queue: Option<RegClass>, max: Option<i32>, lease: Option<Interval>) -> Vec<Delivery> {
+/// Locks up to `max` due jobs and reads them; with `lease`, also leases them. A queue with limits
+/// is taken from by `inbox__take_limited` (sql/shared/limits.sql), unless `limits` is false (its
+/// call back, through `inbox__take_unlimited`).
+fn take(
+    queue: Option<RegClass>,
+    max: Option<i32>,
+    lease: Option<Interval>,
+    limits: bool,
+) -> Vec<Delivery> {
     let queue = required(queue, "queue").0;
     let max = required(max, "max");
     if max < 1 {
         raise(ERRCODE_INVALID_PARAMETER_VALUE, "max must be at least 1");
     }
     Spi::connect_mut(|client| {
-        if crate::controls::paused(client, queue) {
+        let control = crate::controls::control(client, queue);
+        if control.paused {
             // Checked as a queue all the same (42P01, 42804, 42703), as when it runs.
             plans::queue(client, queue);
             return Vec::new();
+        }
+        if control.limited && limits {
+            return crate::controls::take_limited(client, queue, max, lease);
         }
         crate::schedule::enqueue_due_ticks(client, queue);
         let shape = plans::queue(client, queue);
@@ -489,7 +500,7 @@ fn inbox_lease(
     ),
 > {
     let lease = check_interval(required(lease, "lease"), "lease", false);
-    TableIterator::new(take(queue, max, Some(lease)))
+    TableIterator::new(take(queue, max, Some(lease), true))
 }
 
 /// Row-locks up to `max` due jobs in the caller's transaction, as `inbox_lease` picks them.
@@ -508,7 +519,29 @@ fn inbox_lock(
         name!(payload_bytes, Option<Bytea>),
     ),
 > {
-    TableIterator::new(take(queue, max, None))
+    TableIterator::new(take(queue, max, None, true))
+}
+
+/// The take of a queue as if it had no limits: `inbox__take_limited` calls it for the jobs it has
+/// slots for (a lease with `lease`, a lock without).
+#[pg_extern(volatile, parallel_unsafe, name = "inbox__take_unlimited")]
+#[allow(clippy::type_complexity)]
+fn take_unlimited(
+    queue: Option<RegClass>,
+    max: Option<i32>,
+    lease: Option<Interval>,
+) -> TableIterator<
+    'static,
+    (
+        name!(id, i64),
+        name!(attempt, i32),
+        name!(token, i64),
+        name!(payload, Option<Jsonb>),
+        name!(payload_bytes, Option<Bytea>),
+    ),
+> {
+    let lease = lease.map(|lease| check_interval(lease, "lease", false));
+    TableIterator::new(take(queue, max, lease, false))
 }
 
 /// Runs one fenced settlement of job `id` under `token`; true when it applied.

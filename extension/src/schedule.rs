@@ -38,8 +38,9 @@ extension_sql_file!("../../sql/shared/periodic_jobs.sql", name = "periodic_jobs"
 extension_sql!(
     r#"
 SELECT pg_catalog.pg_extension_config_dump('inbox_periodic_jobs', '');
--- Which queues are paused is the user's data too.
+-- Which queues are paused and their limits are the user's data too.
 SELECT pg_catalog.pg_extension_config_dump('inbox_queue_controls', '');
+SELECT pg_catalog.pg_extension_config_dump('inbox_queue_slots', '');
 
 -- A dropped queue takes its schedules with it. The policies' privilege checks cannot see a table
 -- that is gone, so they let anyone see and remove the schedules of a queue that no longer
@@ -61,6 +62,10 @@ BEGIN
      WHERE queue::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
                            WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
                              AND objsubid = 0);
+    DELETE FROM @extschema@.inbox_queue_slots
+     WHERE queue::oid IN (SELECT objid FROM pg_catalog.pg_event_trigger_dropped_objects()
+                           WHERE classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                             AND objsubid = 0);
 END
 $$;
 REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
@@ -68,7 +73,7 @@ CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
     EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
 "#,
     name = "periodic_jobs_extension",
-    requires = ["periodic_jobs", "outbox", "controls"]
+    requires = ["periodic_jobs", "outbox", "controls", "limits"]
 );
 
 /// Sends the schedule table's relcache invalidation, which every session receives once the change

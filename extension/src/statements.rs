@@ -497,9 +497,11 @@ pub(crate) fn dead(queue: &QueueShape) -> Sql {
     }
 }
 
-/// `$3` now, `$4` the new lease's length. Only a lease's (positive) token extends. Where the
-/// table records leases, only a job still leased is extended: a heartbeat that races its own
-/// delivery's retry must not hide the job for another lease.
+/// `$3` now, `$4` the new lease's length. Only a lease's (positive) token extends, and only
+/// while the lease holds: one that has expired is lost (its concurrency slot may have been
+/// given to another job, sql/shared/limits.sql). Where the table records leases, only a job
+/// still leased is extended: a heartbeat that races its own delivery's retry must not hide the
+/// job for another lease.
 pub(crate) fn extend(queue: &QueueShape) -> Sql {
     let still_leased = if queue.has_leased_at {
         " AND leased_at IS NOT NULL"
@@ -508,7 +510,8 @@ pub(crate) fn extend(queue: &QueueShape) -> Sql {
     };
     Sql {
         text: format!(
-            "UPDATE {} SET locked_until = $3 {PLUS} $4 WHERE $2 {GT} 0 AND {}{still_leased}",
+            "UPDATE {} SET locked_until = $3 {PLUS} $4 \
+              WHERE $2 {GT} 0 AND locked_until {GT} $3 AND {}{still_leased}",
             queue.table,
             fence_one()
         ),

@@ -88,14 +88,20 @@ fn job_due(queue: Oid) -> bool {
         // SAFETY: the snapshot is pushed and popped around one read-only SPI query, which uses
         // the active snapshot; an error pops it with the rest of the aborted transaction's state.
         unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot()) };
-        // Nothing is due on a paused queue: its resume wakes the sleepers.
-        let due = if crate::controls::paused(client, queue) {
+        // Nothing is due on a paused queue (its resume wakes the sleepers), nor on one whose
+        // limits are full (a slot that frees is taken by the worker that freed it; one freed by
+        // an expired lease is found by the sleepers' next poll).
+        let control = crate::controls::control(client, queue);
+        let due = if control.paused {
             Some(false)
         } else {
             client
                 .select(sql.text.as_str(), None, &[now()])
                 .and_then(|rows| rows.first().get_one::<bool>())
                 .unwrap_or_else(|e| internal(e))
+                .map(|due| {
+                    due && (!control.limited || crate::controls::limits_allow(client, queue))
+                })
         };
         unsafe { pg_sys::PopActiveSnapshot() };
         due.unwrap_or(false)

@@ -13,10 +13,15 @@
 CREATE TABLE IF NOT EXISTS inbox_queue_controls (
     queue pg_catalog.regclass PRIMARY KEY,
     -- When the queue was paused; NULL while it runs.
-    paused_at pg_catalog.timestamptz
+    paused_at pg_catalog.timestamptz,
+    -- Its limits (sql/shared/limits.sql): how many jobs may run at once, how many may start in
+    -- any window of rate_period; NULL for none.
+    concurrency pg_catalog.int4,
+    rate_limit pg_catalog.int4,
+    rate_period pg_catalog.interval
 );
 COMMENT ON TABLE inbox_queue_controls IS
-    'Which queues are paused (inbox_pause, inbox_resume).';
+    'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
 ALTER TABLE inbox_queue_controls ENABLE ROW LEVEL SECURITY;
 DO $policies$
@@ -76,6 +81,9 @@ BEGIN
     DELETE FROM @extschema@.inbox_queue_controls c
      WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class r
                         WHERE r.oid OPERATOR(pg_catalog.=) c.queue::pg_catalog.oid);
+    DELETE FROM @extschema@.inbox_queue_slots s
+     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class r
+                        WHERE r.oid OPERATOR(pg_catalog.=) s.queue::pg_catalog.oid);
 END
 $$;
 COMMENT ON FUNCTION inbox__drop_orphan_controls() IS

@@ -309,12 +309,14 @@ $$;
 
 -- Takes up to `max` due jobs: leased for `lease`, or (NULL lease) row-locked in the caller's
 -- transaction. The scan always starts at the head of the queue (the pgrx build's per-session
--- floor, head.rs, is a speed-up only).
-CREATE OR REPLACE FUNCTION inbox__take(queue regclass, max int, lease interval)
+-- floor, head.rs, is a speed-up only). A queue with limits is taken from by inbox__take_limited
+-- (sql/shared/limits.sql), unless `limits` is false (its call back, inbox__take_unlimited).
+CREATE OR REPLACE FUNCTION inbox__take_jobs(queue regclass, max int, lease interval, limits bool)
 RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
+    control record;
     rank text;
     finite text := '';
     picked text;
@@ -331,8 +333,13 @@ BEGIN
     END IF;
     -- A paused queue hands out nothing (sql/shared/controls.sql); it is checked as a queue first.
     shape := inbox__queue_shape(queue);
-    IF EXISTS (SELECT FROM inbox_queue_controls c
-                WHERE c.queue = inbox__take.queue AND c.paused_at IS NOT NULL) THEN
+    SELECT c.paused_at IS NOT NULL AS paused,
+           c.concurrency IS NOT NULL OR c.rate_limit IS NOT NULL AS limited
+      INTO control FROM inbox_queue_controls c WHERE c.queue = inbox__take_jobs.queue;
+    IF control.paused THEN
+        RETURN;
+    ELSIF control.limited AND limits THEN
+        RETURN QUERY SELECT * FROM inbox__take_limited(queue, max, lease);
         RETURN;
     END IF;
     PERFORM inbox__enqueue_due_ticks(queue);
@@ -390,7 +397,18 @@ RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM inbox__take(queue, max, inbox__check_interval(lease, 'lease', false));
+    RETURN QUERY SELECT * FROM inbox__take_jobs(queue, max, inbox__check_interval(lease, 'lease', false), true);
+END
+$$;
+
+-- The take of a queue as if it had no limits: inbox__take_limited calls it for the jobs it has
+-- slots for (a lease with `lease`, a lock without).
+CREATE OR REPLACE FUNCTION inbox__take_unlimited(queue regclass, max int, lease interval)
+RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM inbox__take_jobs(
+        queue, max, CASE WHEN lease IS NOT NULL THEN inbox__check_interval(lease, 'lease', false) END, false);
 END
 $$;
 
@@ -399,7 +417,7 @@ RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM inbox__take(queue, max, NULL);
+    RETURN QUERY SELECT * FROM inbox__take_jobs(queue, max, NULL, true);
 END
 $$;
 
@@ -587,8 +605,9 @@ BEGIN
 END
 $$;
 
--- Only a lease's (positive) token extends; where the table records leases, only a job still
--- leased, so that a heartbeat racing its own delivery's retry cannot hide the job.
+-- Only a lease's (positive) token extends, and only while the lease holds (sql/shared/limits.sql:
+-- an expired lease's concurrency slot may be another job's); where the table records leases, only
+-- a job still leased, so that a heartbeat racing its own delivery's retry cannot hide the job.
 CREATE OR REPLACE FUNCTION inbox_extend(queue regclass, id bigint, token bigint,
                                         lease interval DEFAULT '30 seconds')
 RETURNS bool
@@ -602,7 +621,7 @@ BEGIN
     shape := inbox__queue_shape(queue);
     EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
         inbox__prepared(format(
-            'WITH extended AS (UPDATE %s SET locked_until = $3 + $4 WHERE $2 > 0 AND %s%s RETURNING 1) '
+            'WITH extended AS (UPDATE %s SET locked_until = $3 + $4 WHERE $2 > 0 AND locked_until > $3 AND %s%s RETURNING 1) '
             'SELECT count(*) FROM extended',
             shape.table_sql, inbox__fence_predicate(),
             CASE WHEN shape.has_leased_at THEN ' AND leased_at IS NOT NULL' ELSE '' END),

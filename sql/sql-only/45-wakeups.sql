@@ -114,9 +114,12 @@ BEGIN
                        CASE WHEN shape.nullable_locked_until THEN 'locked_until IS NULL OR locked_until <= $1'
                             ELSE 'locked_until <= $1' END)
           INTO due USING clock_timestamp();
-        -- Nothing is due on a paused queue: its resume wakes the sleepers.
+        -- Nothing is due on a paused queue (its resume wakes the sleepers), nor on one whose
+        -- limits are full (a slot that frees is taken by the worker that freed it; one freed by
+        -- an expired lease is found by the sleepers' next poll).
         due := due AND NOT EXISTS (SELECT FROM inbox_queue_controls c
-                                    WHERE c.queue = inbox_sleep.queue AND c.paused_at IS NOT NULL);
+                                    WHERE c.queue = inbox_sleep.queue AND c.paused_at IS NOT NULL)
+                   AND inbox__limits_allow(queue);
     EXCEPTION WHEN query_canceled OR others THEN
         -- Session locks survive the rollback of this block (a cancel included): give them up.
         IF inbox__release_sleeper(queue) THEN NULL; END IF;
