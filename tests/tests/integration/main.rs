@@ -18,6 +18,7 @@ mod docs_sql;
 mod extension_concurrency;
 mod groups;
 mod isolation;
+mod limits;
 mod observe;
 mod outbox;
 mod pause;

@@ -1,0 +1,347 @@
+//! Concurrency and rate limits over real connections: four workers of eight slots each, on
+//! connections of their own as four processes would have, never run more jobs at once than the
+//! queue's concurrency limit (leased or locked) and never start more in a window than its rate
+//! limit; a slot comes back when its job settles or its lease expires, and not before; lowering
+//! a limit lets the jobs above it finish first; bad limits are refused with their SQLSTATE.
+
+use std::time::Duration;
+
+use crate::support::{assert_refused, fast_retries};
+use inbox_client::worker::{transactional, Claim, Job, Outcome, Worker, WorkerStats};
+use inbox_client::{Database, PgDatabase, Queue, RateLimit, Statement};
+use inbox_tests::TestDb;
+
+/// The queue `jobs` with `jobs` jobs, and a table in which handlers record each run that
+/// commits: its job, and when it started and ended (the server's clock) or when it was leased.
+async fn setup(db: &TestDb, jobs: i64) -> (PgDatabase, Queue) {
+    let pg = PgDatabase::from_pool_and_config(db.pool(4), db.config());
+    let queue = Queue::new("jobs");
+    pg.execute(&queue.create_statement()).await.unwrap();
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE runs (job bigint PRIMARY KEY, started timestamptz NOT NULL, \
+                                ended timestamptz NOT NULL)",
+        )
+        .await
+        .unwrap();
+    let payloads: Vec<i64> = (0..jobs).collect();
+    queue.enqueue_batch(&pg, &payloads).await.unwrap();
+    (pg, queue)
+}
+
+/// Runs `processes` workers of 8 slots, each over a pool of its own, until the queue is empty.
+async fn run_workers(
+    db: &TestDb,
+    processes: usize,
+    claim: Claim,
+    handler_ms: u64,
+    record: &'static str,
+) -> Vec<WorkerStats> {
+    let runs = (0..processes).map(|_| {
+        let port = PgDatabase::from_pool_and_config(db.pool(10), db.config());
+        let handler = transactional(move |job: Job<i64>, tx: &dyn Database| {
+            Box::pin(async move {
+                let started = tx
+                    .query(&Statement::new(record).bind(job.id))
+                    .await?
+                    .one()?
+                    .get::<chrono::DateTime<chrono::Utc>>("started")?;
+                tokio::time::sleep(Duration::from_millis(handler_ms + (job.id as u64 % 5))).await;
+                tx.execute(
+                    &Statement::new(
+                        "INSERT INTO runs (job, started, ended) VALUES ($1, $2, clock_timestamp())",
+                    )
+                    .bind(job.id)
+                    .bind(started),
+                )
+                .await?;
+                Ok(Outcome::Ack)
+            })
+        });
+        Worker::transactional(port, "jobs", handler)
+            .workers(8)
+            .claim(claim)
+            .poll_interval(Duration::from_millis(50))
+            .retry(fast_retries(10))
+            .run_until_idle()
+    });
+    futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// The most runs that overlapped at any instant (an end before a start at the same instant).
+async fn most_at_once(db: &TestDb) -> i64 {
+    db.client()
+        .await
+        .query_one(
+            "SELECT max(n)::int8 FROM ( \
+               SELECT sum(d) OVER (ORDER BY at, d) AS n FROM ( \
+                 SELECT started AS at, 1 AS d FROM runs UNION ALL SELECT ended, -1 FROM runs) e) s",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn count(db: &TestDb, sql: &str) -> i64 {
+    db.client().await.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// 32 slots in four workers on a queue limited to 3 at once: every job runs once, and no instant
+/// has more than 3 running, with leases and with locks; the limit was reached (the test could
+/// have seen it exceeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_concurrency_limit_holds_across_four_workers() {
+    for claim in [Claim::Lease, Claim::Lock] {
+        let db = TestDb::new().await;
+        let jobs = 150;
+        let (pg, queue) = setup(&db, jobs).await;
+        queue.set_concurrency(&pg, Some(3)).await.unwrap();
+        let stats = run_workers(
+            &db,
+            4,
+            claim,
+            10,
+            "SELECT clock_timestamp() AS started WHERE $1::int8 IS NOT NULL",
+        )
+        .await;
+
+        let acked: u64 = stats.iter().map(|s| s.acked).sum();
+        assert_eq!(acked, jobs as u64, "{claim:?}: {stats:?}");
+        assert_eq!(
+            count(&db, "SELECT count(*) FROM runs").await,
+            jobs,
+            "{claim:?}"
+        );
+        let most = most_at_once(&db).await;
+        assert!(
+            most <= 3,
+            "{claim:?}: {most} jobs ran at once under a limit of 3"
+        );
+        assert_eq!(most, 3, "{claim:?}: the limit was never reached");
+        let limits = queue.limits(&pg).await.unwrap();
+        assert_eq!((limits.concurrency, limits.running), (Some(3), Some(0)));
+    }
+}
+
+/// A rate limit of 10 starts per 400 ms over 60 jobs and 32 slots: no window of 400 ms holds
+/// more than 10 leases (the jobs' leased_at, the server's clock), and the run took the five
+/// windows it must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limit_holds_across_four_workers() {
+    let db = TestDb::new().await;
+    let jobs = 60;
+    let (pg, queue) = setup(&db, jobs).await;
+    queue
+        .set_rate_limit(&pg, Some(RateLimit::new(10, Duration::from_millis(400))))
+        .await
+        .unwrap();
+    run_workers(
+        &db,
+        4,
+        Claim::Lease,
+        1,
+        "SELECT leased_at AS started FROM jobs WHERE id = $1",
+    )
+    .await;
+
+    assert_eq!(count(&db, "SELECT count(*) FROM runs").await, jobs);
+    let crowded = count(
+        &db,
+        "SELECT count(*) FROM runs a \
+          WHERE (SELECT count(*) FROM runs b \
+                  WHERE b.started >= a.started AND b.started < a.started + '400 ms'::interval) > 10",
+    )
+    .await;
+    assert_eq!(crowded, 0, "a window of 400 ms held more than 10 starts");
+    let span_ms = count(
+        &db,
+        "SELECT (extract(epoch FROM max(started) - min(started)) * 1000)::int8 FROM runs",
+    )
+    .await;
+    assert!(
+        span_ms >= 5 * 400,
+        "60 starts at 10 per 400 ms in {span_ms} ms"
+    );
+    let limits = queue.limits(&pg).await.unwrap();
+    assert_eq!(
+        limits.rate,
+        Some(RateLimit::new(10, Duration::from_millis(400)))
+    );
+}
+
+async fn lease_ids(client: &tokio_postgres::Client, call: &str) -> Vec<(i64, i64)> {
+    client
+        .query(&format!("SELECT id, token FROM {call}"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+async fn settle(client: &tokio_postgres::Client, call: &str, (id, token): (i64, i64)) -> bool {
+    client
+        .query_one(&format!("SELECT {call}"), &[&id, &token])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A slot is given back by the settlement of its job or by its lease's expiry, and by nothing
+/// else: a lease that has expired cannot be extended, so it cannot take its slot back from the
+/// job that has it now; a lock holds its slot until its transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_comes_back_by_settlement_or_expiry() {
+    let db = TestDb::new().await;
+    let (pg, queue) = setup(&db, 10).await;
+    queue.set_concurrency(&pg, Some(2)).await.unwrap();
+    let (holder, other) = (db.client().await, db.client().await);
+
+    let first = lease_ids(&holder, "inbox_lease('jobs', 5, '1 hour')").await;
+    assert_eq!(first.len(), 2, "a lease of 5 under a limit of 2");
+    assert!(lease_ids(&other, "inbox_lease('jobs', 5, '1 hour')")
+        .await
+        .is_empty());
+
+    // A settlement gives its slot back.
+    assert!(settle(&holder, "inbox_ack('jobs', $1, $2)", first[0]).await);
+    let second = lease_ids(&other, "inbox_lease('jobs', 5, '1 hour')").await;
+    assert_eq!(second.len(), 1);
+
+    // An expiry does: the holder shortens its lease and lets it run out.
+    assert!(
+        settle(
+            &holder,
+            "inbox_extend('jobs', $1, $2, '50 milliseconds')",
+            first[1]
+        )
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !settle(&holder, "inbox_extend('jobs', $1, $2, '1 hour')", first[1]).await,
+        "an expired lease was extended"
+    );
+    let third = lease_ids(&other, "inbox_lease('jobs', 5, '1 hour')").await;
+    assert_eq!(third.len(), 1, "the expired lease's slot did not come back");
+    assert!(lease_ids(&other, "inbox_lease('jobs', 5, '1 hour')")
+        .await
+        .is_empty());
+    assert_eq!(queue.limits(&pg).await.unwrap().running, Some(2));
+
+    // A lock holds its slot until its transaction ends.
+    for held in [second[0], third[0]] {
+        assert!(settle(&other, "inbox_ack('jobs', $1, $2)", held).await);
+    }
+    let mut locker = db.client().await;
+    let tx = locker.transaction().await.unwrap();
+    let locked = tx
+        .query("SELECT id FROM inbox_lock('jobs', 5)", &[])
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 2);
+    assert!(lease_ids(&other, "inbox_lease('jobs', 5, '1 hour')")
+        .await
+        .is_empty());
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        lease_ids(&other, "inbox_lease('jobs', 5, '1 hour')")
+            .await
+            .len(),
+        2
+    );
+}
+
+/// Lowering a limit lets the jobs running above it finish and starts nothing until they have;
+/// removing it lets every due job be taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lowering_a_limit_starts_nothing_until_the_jobs_above_it_finish() {
+    let db = TestDb::new().await;
+    let (pg, queue) = setup(&db, 10).await;
+    queue.set_concurrency(&pg, Some(3)).await.unwrap();
+    let client = db.client().await;
+    let running = lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
+    assert_eq!(running.len(), 3);
+
+    queue.set_concurrency(&pg, Some(1)).await.unwrap();
+    for job in &running[..2] {
+        assert!(settle(&client, "inbox_ack('jobs', $1, $2)", *job).await);
+        assert!(
+            lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+                .await
+                .is_empty(),
+            "a job started while more than the new limit ran"
+        );
+    }
+    assert!(settle(&client, "inbox_ack('jobs', $1, $2)", running[2]).await);
+    let next = lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
+    assert_eq!(next.len(), 1);
+
+    queue.set_concurrency(&pg, None).await.unwrap();
+    assert_eq!(
+        lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+            .await
+            .len(),
+        6
+    );
+    assert_eq!(
+        queue.limits(&pg).await.unwrap(),
+        inbox_client::QueueLimits::default()
+    );
+}
+
+/// Limits out of range and tables that cannot have them are refused with their SQLSTATE, and
+/// change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_limits_are_refused() {
+    let db = TestDb::new().await;
+    let (pg, queue) = setup(&db, 1).await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE bare (id bigint, attempt int, locked_until timestamptz, payload jsonb)",
+        )
+        .await
+        .unwrap();
+    assert_refused(
+        &client,
+        &[
+            ("SELECT inbox_set_concurrency('jobs', 0)", "22023"),
+            ("SELECT inbox_set_concurrency('jobs', 10001)", "22023"),
+            ("SELECT inbox_set_concurrency(NULL, 1)", "22004"),
+            ("SELECT inbox_set_concurrency('bare', 1)", "42703"),
+            ("SELECT inbox_set_concurrency('runs', 1)", "42703"),
+            (
+                "SELECT inbox_set_rate_limit('jobs', 0, '1 second')",
+                "22023",
+            ),
+            (
+                "SELECT inbox_set_rate_limit('jobs', 5, '0 seconds')",
+                "22023",
+            ),
+            ("SELECT inbox_set_rate_limit('jobs', 5, '2 days')", "22023"),
+            ("SELECT inbox_set_rate_limit('jobs', 5, NULL)", "22023"),
+            (
+                "SELECT inbox_set_rate_limit('bare', 5, '1 second')",
+                "42703",
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(
+        queue.limits(&pg).await.unwrap(),
+        inbox_client::QueueLimits::default()
+    );
+    assert_eq!(
+        lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+            .await
+            .len(),
+        1
+    );
+}
