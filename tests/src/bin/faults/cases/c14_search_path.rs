@@ -29,6 +29,7 @@ const UNPINNED: &[&str] = &[
     "inbox_enqueue_batch_bytes(",
     "inbox_lease(",
     "inbox_lock(",
+    "inbox__take_unlimited(",
     "inbox_ack(",
     "inbox_ack_batch(",
     "inbox_retry(",
@@ -311,13 +312,17 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
         )
         .await;
     }
-    // Pausing, cancelling and the outbox's publishes, rolled back too.
+    // Pausing, limits, cancelling and the outbox's publishes, rolled back too.
     let po = format!("'public.{q}_events'");
     for call in [
         format!("SELECT inbox_pause({pq})"),
         format!("SELECT * FROM inbox_lease({pq}, 10, '1 minute')"),
         format!("SELECT inbox_paused_since({pq})"),
         format!("SELECT inbox_resume({pq})"),
+        format!("SELECT inbox_set_concurrency({pq}, 2)"),
+        format!("SELECT inbox_set_rate_limit({pq}, 5, '1 minute')"),
+        format!("SELECT * FROM inbox_lease({pq}, 10, '1 minute')"),
+        format!("SELECT * FROM inbox_limits({pq})"),
         format!("SELECT inbox_cancel({pq}, id) FROM public.{q} LIMIT 1"),
         format!("SELECT inbox_create_outbox({po})"),
         format!(
