@@ -55,8 +55,11 @@ thread_local! {
     static STALE: Cell<bool> = const { Cell::new(false) };
     /// The table as SQL, and the paused or limited queues as the user of this oid sees them
     /// (row-level security).
-    static CONTROLS: RefCell<Option<(String, Oid, HashMap<Oid, Control>)>> = const { RefCell::new(None) };
+    static CONTROLS: RefCell<Option<Controls>> = const { RefCell::new(None) };
 }
+
+/// The table as SQL, the user whose view of it this is, and what each queue must heed.
+type Controls = (String, Oid, HashMap<Oid, Control>);
 
 /// What a take of a queue must heed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
