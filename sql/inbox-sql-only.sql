@@ -42,7 +42,11 @@ CREATE TABLE IF NOT EXISTS inbox_queue_controls (
     -- any window of rate_period; NULL for none.
     concurrency pg_catalog.int4,
     rate_limit pg_catalog.int4,
-    rate_period pg_catalog.interval
+    rate_period pg_catalog.interval,
+    -- The limit per key: how many jobs of one key may run at once, the key being the payload's
+    -- field per_key (NULL for none).
+    key_concurrency pg_catalog.int4,
+    per_key pg_catalog.text
 );
 COMMENT ON TABLE inbox_queue_controls IS
     'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';
@@ -229,16 +233,20 @@ COMMENT ON FUNCTION inbox_cancel(pg_catalog.regclass, pg_catalog.int8) IS
 -- - a rate slot holds when it was last given. It is free once `per` has passed since then, so no
 --   window of length `per` holds more than `n` starts (a start is a lease or lock, on the
 --   server's clock). A lock that rolls back gives its start back.
+-- - a key's concurrency slot is a concurrency slot of one key (the value of the payload's field
+--   per_key), made when a take first meets the key; free ones may be deleted at any time (see
+--   inbox__take_limited). A take serves the keys that have due jobs and a free slot least
+--   recently served first, one job per key in turn, so no key waits behind another's backlog.
 -- Lowering a limit keeps the busy slots above the new one (they retire once free): while any of
--- them is busy, nothing starts, so the new limit holds from the change on.
+-- them is busy, nothing starts (of that key), so the new limit holds from the change on.
 --
 -- References to the extension's own objects are written name (see outbox.sql).
 
 CREATE TABLE IF NOT EXISTS inbox_queue_slots (
     queue pg_catalog.regclass NOT NULL,
-    -- 'c' a concurrency slot, 'r' a rate slot.
-    kind "char" NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['c', 'r']::"char"[])),
-    -- The limit's key: '' for the whole queue.
+    -- 'c' a concurrency slot, 'r' a rate slot, 'k' a key's concurrency slot.
+    kind "char" NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['c', 'r', 'k']::"char"[])),
+    -- The limit's key: '' for the whole queue; the key's value for 'k'.
     key pg_catalog.text NOT NULL DEFAULT '',
     slot pg_catalog.int4 NOT NULL,
     -- The job a concurrency slot was last given, and the token it was given with.
@@ -307,12 +315,52 @@ BEGIN
 END
 $$;
 
+-- The SQL of a limit per key on `queue`, keyed by the payload's field `per_key`:
+-- - key: a job's key ('' for a payload without the field);
+-- - due: that a job is due at $2 (and neither dead nor waiting for its group's turn);
+-- - rank: the queue's order among one key's jobs;
+-- - index: the index that finds the keys that have due jobs, and each key's in that order.
+CREATE OR REPLACE FUNCTION inbox__key_sql(queue pg_catalog.regclass, per_key pg_catalog.text,
+                                          OUT key pg_catalog.text, OUT due pg_catalog.text,
+                                          OUT rank pg_catalog.text, OUT index pg_catalog.text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    finite constant pg_catalog.text := 'locked_until OPERATOR(pg_catalog.<) ''infinity''::pg_catalog.timestamptz';
+    nullable pg_catalog.bool;
+BEGIN
+    key := pg_catalog.format('COALESCE(payload OPERATOR(pg_catalog.->>) %L::pg_catalog.text, '''')', per_key);
+    SELECT NOT a.attnotnull INTO nullable FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = queue AND a.attname = 'locked_until' AND a.attnum > 0 AND NOT a.attisdropped;
+    rank := CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                               WHERE a.attrelid = queue AND a.attname = 'priority'
+                                 AND a.attnum > 0 AND NOT a.attisdropped)
+                 THEN '(OPERATOR(pg_catalog.-) priority::pg_catalog.int8), ' ELSE '' END
+            || 'locked_until, id';
+    index := pg_catalog.format('CREATE INDEX %I ON %s ((%s), %s)',
+                               'inbox_key_' || queue::pg_catalog.oid, queue, key, rank);
+    IF nullable THEN
+        due := pg_catalog.format('(locked_until IS NULL OR (locked_until OPERATOR(pg_catalog.<=) $2 AND %s))', finite);
+    ELSE
+        due := pg_catalog.format('locked_until OPERATOR(pg_catalog.<=) $2 AND %s', finite);
+        index := index || ' WHERE ' || finite;
+    END IF;
+END
+$$;
+
 -- Sets how many jobs of `queue` may run at once, across all its workers (NULL: no limit), from
--- the commit of the caller's transaction on. Waits for the transactions that hold its slots
--- (inbox_lock) to end.
-CREATE OR REPLACE FUNCTION inbox_set_concurrency(queue pg_catalog.regclass, n pg_catalog.int4)
+-- the commit of the caller's transaction on; with `per_key`, how many of one key, the key being
+-- the payload's field of that name (one field per queue: another replaces it). Waits for the
+-- transactions that hold its slots (inbox_lock) to end; a limit per key makes an index on the
+-- queue (which needs its owner, and waits for its writers) and drops it when it goes.
+DROP FUNCTION IF EXISTS inbox_set_concurrency(pg_catalog.regclass, pg_catalog.int4);
+CREATE OR REPLACE FUNCTION inbox_set_concurrency(queue pg_catalog.regclass, n pg_catalog.int4,
+                                                 per_key pg_catalog.text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    slot_kind constant "char" := CASE WHEN per_key IS NULL THEN 'c' ELSE 'k' END;
+    field pg_catalog.text;
+    index pg_catalog.text;
 BEGIN
     PERFORM inbox__check_limited_queue(queue);
     IF n < 1 OR n > 10000 THEN
@@ -320,29 +368,65 @@ BEGIN
             MESSAGE = pg_catalog.format('the concurrency limit must be from 1 to 10000, not %s', n),
             HINT = 'NULL removes the limit.';
     END IF;
+    IF per_key = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'per_key must name a field of the payload';
+    ELSIF per_key IS NOT NULL AND NOT EXISTS (
+            SELECT FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid = queue AND a.attname = 'payload'
+               AND a.atttypid = 'pg_catalog.jsonb'::pg_catalog.regtype
+               AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION USING ERRCODE = '42804',
+            MESSAGE = pg_catalog.format('%s cannot be limited per key: its payloads are not jsonb', queue);
+    END IF;
     PERFORM inbox__drop_orphan_controls();
     -- From here on the slots' state is their committed one.
     PERFORM FROM inbox_queue_slots s
-      WHERE s.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue AND s.kind = 'c'
+      WHERE s.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue AND s.kind = slot_kind
         FOR UPDATE;
-    INSERT INTO inbox_queue_controls AS c (queue, concurrency) VALUES (queue, n)
-        ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
-        DO UPDATE SET concurrency = excluded.concurrency;
-    INSERT INTO inbox_queue_slots (queue, kind, slot)
-    SELECT queue, 'c', g FROM pg_catalog.generate_series(1, coalesce(n, 0)) AS g
-        ON CONFLICT DO NOTHING;
+    IF per_key IS NULL THEN
+        INSERT INTO inbox_queue_controls AS c (queue, concurrency) VALUES (queue, n)
+            ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+            DO UPDATE SET concurrency = excluded.concurrency;
+        INSERT INTO inbox_queue_slots (queue, kind, slot)
+        SELECT queue, 'c', g FROM pg_catalog.generate_series(1, coalesce(n, 0)) AS g
+            ON CONFLICT DO NOTHING;
+    ELSE
+        SELECT c.per_key INTO field FROM inbox_queue_controls c
+         WHERE c.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue FOR UPDATE;
+        IF field IS DISTINCT FROM per_key OR n IS NULL THEN
+            -- Jobs that run under a limit of another field are not counted under this one.
+            DELETE FROM inbox_queue_slots s
+             WHERE s.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue AND s.kind = 'k';
+            SELECT pg_catalog.format('%I.%I', nsp.nspname, i.relname) INTO index
+              FROM pg_catalog.pg_index x
+              JOIN pg_catalog.pg_class i ON i.oid OPERATOR(pg_catalog.=) x.indexrelid
+              JOIN pg_catalog.pg_namespace nsp ON nsp.oid OPERATOR(pg_catalog.=) i.relnamespace
+             WHERE x.indrelid OPERATOR(pg_catalog.=) queue::pg_catalog.oid
+               AND i.relname OPERATOR(pg_catalog.=) ('inbox_key_' OPERATOR(pg_catalog.||) queue::pg_catalog.oid);
+            IF index IS NOT NULL THEN
+                EXECUTE 'DROP INDEX ' OPERATOR(pg_catalog.||) index;
+            END IF;
+            IF n IS NOT NULL THEN
+                EXECUTE (inbox__key_sql(queue, per_key)).index;
+            END IF;
+        END IF;
+        INSERT INTO inbox_queue_controls AS c (queue, key_concurrency, per_key)
+        VALUES (queue, n, CASE WHEN n IS NOT NULL THEN per_key END)
+            ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+            DO UPDATE SET key_concurrency = excluded.key_concurrency, per_key = excluded.per_key;
+    END IF;
     -- The free slots above the limit go; the busy ones retire (see the head of this file).
     EXECUTE pg_catalog.format(
         'DELETE FROM inbox_queue_slots s WHERE s.queue OPERATOR(pg_catalog.=) $1 '
-        '   AND s.kind = ''c'' AND s.slot OPERATOR(pg_catalog.>) $2 AND ($2 OPERATOR(pg_catalog.=) 0 OR NOT %s)',
+        '   AND s.kind = $4 AND s.slot OPERATOR(pg_catalog.>) $2 AND ($2 OPERATOR(pg_catalog.=) 0 OR NOT %s)',
         inbox__slot_busy(queue, 's'))
-      USING queue, coalesce(n, 0), pg_catalog.clock_timestamp();
+      USING queue, coalesce(n, 0), pg_catalog.clock_timestamp(), slot_kind;
     -- Workers asleep on a full queue look again.
     PERFORM inbox_notify(queue);
 END
 $$;
-COMMENT ON FUNCTION inbox_set_concurrency(pg_catalog.regclass, pg_catalog.int4) IS
-    'Sets how many jobs of the queue may run at once across all workers (NULL: no limit).';
+COMMENT ON FUNCTION inbox_set_concurrency(pg_catalog.regclass, pg_catalog.int4, pg_catalog.text) IS
+    'Sets how many jobs of the queue may run at once across all workers, or with per_key how many of one key (NULL: no limit).';
 
 -- Sets how many jobs of `queue` may start in any window of length `per` (NULL n: no limit).
 CREATE OR REPLACE FUNCTION inbox_set_rate_limit(queue pg_catalog.regclass, n pg_catalog.int4,
@@ -386,15 +470,19 @@ COMMENT ON FUNCTION inbox_set_rate_limit(pg_catalog.regclass, pg_catalog.int4, p
     'Sets how many jobs of the queue may start in any window of length per (NULL n: no limit).';
 
 -- The limits of `queue` and how much of them is in use now.
+DROP FUNCTION IF EXISTS inbox_limits(pg_catalog.regclass);
 CREATE OR REPLACE FUNCTION inbox_limits(queue pg_catalog.regclass)
 RETURNS TABLE(concurrency pg_catalog.int4, running pg_catalog.int8, rate_limit pg_catalog.int4,
-              rate_period pg_catalog.interval, recent_starts pg_catalog.int8)
+              rate_period pg_catalog.interval, recent_starts pg_catalog.int8,
+              key_concurrency pg_catalog.int4, per_key pg_catalog.text,
+              keys_running pg_catalog.int8, most_running_per_key pg_catalog.int8)
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     PERFORM inbox__check_queue(queue);
-    SELECT c.concurrency, c.rate_limit, c.rate_period INTO concurrency, rate_limit, rate_period
+    SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key
+      INTO concurrency, rate_limit, rate_period, key_concurrency, per_key
       FROM inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox_limits.queue;
     IF concurrency IS NOT NULL THEN
         -- Leases only: a slot held by an inbox_lock transaction shows as free until it ends.
@@ -409,11 +497,23 @@ BEGIN
          WHERE s.queue OPERATOR(pg_catalog.=) inbox_limits.queue AND s.kind = 'r' AND s.key = ''
            AND s.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) rate_period);
     END IF;
+    IF key_concurrency IS NOT NULL THEN
+        -- As above, leases only.
+        EXECUTE pg_catalog.format(
+            'SELECT pg_catalog.count(DISTINCT s.key), coalesce(pg_catalog.max(per.n), 0) '
+            '  FROM inbox_queue_slots s, '
+            '       LATERAL (SELECT pg_catalog.count(*) AS n FROM inbox_queue_slots o '
+            '                 WHERE o.queue OPERATOR(pg_catalog.=) $1 AND o.kind = ''k'' '
+            '                   AND o.key OPERATOR(pg_catalog.=) s.key AND %s) AS per '
+            ' WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND %s',
+            inbox__slot_busy(queue, 'o'), inbox__slot_busy(queue, 's'))
+          INTO keys_running, most_running_per_key USING queue, key_concurrency, at;
+    END IF;
     RETURN NEXT;
 END
 $$;
 COMMENT ON FUNCTION inbox_limits(pg_catalog.regclass) IS
-    'The queue''s concurrency and rate limits, the jobs running under the first and the starts within the window of the second.';
+    'The queue''s limits, the jobs running under its concurrency limits and the starts within the window of its rate limit.';
 
 -- Takes up to `max` free slots of the queue's concurrency limit, locked until the caller's
 -- transaction ends: none while a retiring slot is busy. $1 queue, $2 limit, $3 clock, $4 max.
@@ -429,6 +529,35 @@ RETURN pg_catalog.format(
     '                        AND r.slot OPERATOR(pg_catalog.>) $2 AND %2$s) '
     '   ORDER BY s.started_at NULLS FIRST, s.slot LIMIT $4 FOR UPDATE OF s SKIP LOCKED) AS f',
     inbox__slot_busy(queue, 's'), inbox__slot_busy(queue, 'r'));
+
+-- The turns of the keys of a queue limited per key: (key, turn, its busy slots) for each job a
+-- key may start now, at most $5, the keys that have due jobs and fewer than $4 busy slots taking
+-- turns, least recently served first ($1 queue, $2 and $3 the clock). The keys are found by a
+-- loose scan of the key index (inbox__key_sql), one probe per key that has due jobs.
+CREATE OR REPLACE FUNCTION inbox__key_turns(queue pg_catalog.regclass, per_key pg_catalog.text)
+RETURNS pg_catalog.text
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    sql record := inbox__key_sql(queue, per_key);
+BEGIN
+    RETURN pg_catalog.format(
+        'WITH RECURSIVE keys(key) AS ( '
+        '    (SELECT %1$s FROM %2$s WHERE %3$s ORDER BY 1 LIMIT 1) '
+        '    UNION ALL '
+        '    SELECT (SELECT %1$s FROM %2$s WHERE %1$s OPERATOR(pg_catalog.>) keys.key AND %3$s ORDER BY 1 LIMIT 1) '
+        '      FROM keys WHERE keys.key IS NOT NULL), '
+        'state AS ( '
+        '    SELECT keys.key, used.last, used.busy FROM keys, LATERAL ( '
+        '        SELECT pg_catalog.max(s.started_at) AS last, pg_catalog.count(*) FILTER (WHERE %4$s) AS busy '
+        '          FROM inbox_queue_slots s '
+        '         WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) keys.key) AS used '
+        '     WHERE keys.key IS NOT NULL AND used.busy OPERATOR(pg_catalog.<) $4) '
+        'SELECT state.key, turn, state.busy FROM state, '
+        '       pg_catalog.generate_series(1, LEAST($4 OPERATOR(pg_catalog.-) state.busy, $5)::pg_catalog.int4) AS turn '
+        ' ORDER BY turn, state.last NULLS FIRST, state.key LIMIT $5',
+        sql.key, queue, sql.due, inbox__slot_busy(queue, 's'));
+END
+$$;
 
 -- The lease (`lease` set) or lock (NULL) of a queue that has limits: as many due jobs as it
 -- can give a slot of every limit, at most `max`.
@@ -446,8 +575,19 @@ DECLARE
     jobs pg_catalog.int8[] := '{}';
     tokens pg_catalog.int8[] := '{}';
     stamp pg_catalog.timestamptz;
+    -- A limit per key: the keys' turns, the slots locked for them, the jobs chosen for those.
+    sql record;
+    turn record;
+    need pg_catalog.int4;
+    key_slots pg_catalog.int4[];
+    slot_keys pg_catalog.text[] := '{}';
+    slot_numbers pg_catalog.int4[] := '{}';
+    keys pg_catalog.text[];
+    wants pg_catalog.int4[];
+    chosen pg_catalog.int8[];
+    chosen_keys pg_catalog.text[];
 BEGIN
-    SELECT c.concurrency, c.rate_limit, c.rate_period INTO limits
+    SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key INTO limits
       FROM inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue;
     IF limits.concurrency IS NOT NULL THEN
         EXECUTE inbox__free_slots(queue) INTO running USING queue, limits.concurrency, at, n;
@@ -468,12 +608,80 @@ BEGIN
              ORDER BY s.started_at NULLS FIRST, s.slot LIMIT n FOR UPDATE OF s SKIP LOCKED) AS f;
         n := LEAST(n, coalesce(pg_catalog.cardinality(starts), 0));
     END IF;
+    IF limits.key_concurrency IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
+        sql := inbox__key_sql(queue, limits.per_key);
+        FOR turn IN EXECUTE
+            'SELECT t.key, pg_catalog.count(*)::pg_catalog.int4 AS want, pg_catalog.max(t.busy)::pg_catalog.int4 AS busy '
+            '  FROM (' OPERATOR(pg_catalog.||) inbox__key_turns(queue, limits.per_key)
+                   OPERATOR(pg_catalog.||) ') AS t GROUP BY t.key'
+            USING queue, at, at, limits.key_concurrency, n
+        LOOP
+            -- A key met for the first time gets its slots. Two takes that make the same slot
+            -- would wait on each other (an inbox_lock's until its transaction ends): the one
+            -- that cannot have the key's advisory lock passes the key by this time.
+            -- Slots 1 to busy + want hold at least `want` free ones.
+            need := LEAST(limits.key_concurrency, turn.busy OPERATOR(pg_catalog.+) turn.want);
+            IF (SELECT pg_catalog.count(*) FROM inbox_queue_slots s
+                 WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
+                   AND s.key OPERATOR(pg_catalog.=) turn.key AND s.slot OPERATOR(pg_catalog.<=) need)
+               OPERATOR(pg_catalog.<) need THEN
+                CONTINUE WHEN NOT pg_catalog.pg_try_advisory_xact_lock(
+                    (queue::pg_catalog.oid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                    OPERATOR(pg_catalog.|) (pg_catalog.hashtext(turn.key)::pg_catalog.int8
+                                            OPERATOR(pg_catalog.&) 4294967295));
+                INSERT INTO inbox_queue_slots (queue, kind, key, slot)
+                SELECT queue, 'k', turn.key, g FROM pg_catalog.generate_series(1, need) AS g
+                    ON CONFLICT DO NOTHING;
+            END IF;
+            EXECUTE pg_catalog.format(
+                'SELECT pg_catalog.array_agg(f.slot) FROM ( '
+                '  SELECT s.slot FROM inbox_queue_slots s '
+                '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) $2 '
+                '     AND s.slot OPERATOR(pg_catalog.<=) $4 AND NOT %s '
+                '   ORDER BY s.slot LIMIT $5 FOR UPDATE OF s SKIP LOCKED) AS f',
+                inbox__slot_busy(queue, 's'))
+              INTO key_slots USING queue, turn.key, at, limits.key_concurrency, turn.want;
+            IF key_slots IS NOT NULL THEN
+                slot_keys := slot_keys OPERATOR(pg_catalog.||)
+                             pg_catalog.array_fill(turn.key, ARRAY[pg_catalog.cardinality(key_slots)]);
+                slot_numbers := slot_numbers OPERATOR(pg_catalog.||) key_slots;
+            END IF;
+        END LOOP;
+        SELECT pg_catalog.array_agg(s.key), pg_catalog.array_agg(s.want) INTO keys, wants
+          FROM (SELECT u.key, pg_catalog.count(*)::pg_catalog.int4 AS want
+                  FROM pg_catalog.unnest(slot_keys) AS u(key) GROUP BY u.key) AS s;
+        IF keys IS NOT NULL THEN
+            -- Each key's first due jobs, as many as it has slots.
+            EXECUTE pg_catalog.format(
+                'SELECT pg_catalog.array_agg(c.id), pg_catalog.array_agg(w.key) '
+                '  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3)) AS w(key, want), '
+                '       LATERAL (SELECT id FROM %s WHERE %s OPERATOR(pg_catalog.=) w.key AND %s '
+                '                 ORDER BY %s LIMIT w.want FOR UPDATE SKIP LOCKED) AS c',
+                queue, sql.key, sql.due, sql.rank)
+              INTO chosen, chosen_keys USING keys, at, wants;
+        END IF;
+        n := LEAST(n, coalesce(pg_catalog.cardinality(chosen), 0));
+        -- Now and then the free slots of the keys not served here go, so that keys seen once
+        -- leave no rows behind; a free slot is made again when its key next needs it. Leases
+        -- only: a lock would hold the deleted rows, which takes that make them wait on, for the
+        -- whole of its transaction.
+        IF lease IS NOT NULL AND pg_catalog.random() OPERATOR(pg_catalog.<) 0.02 THEN
+            EXECUTE pg_catalog.format(
+                'DELETE FROM inbox_queue_slots d WHERE d.ctid OPERATOR(pg_catalog.=) ANY (ARRAY( '
+                '  SELECT s.ctid FROM inbox_queue_slots s '
+                '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' '
+                '     AND NOT (s.key OPERATOR(pg_catalog.=) ANY ($2)) AND NOT %s '
+                '     FOR UPDATE OF s SKIP LOCKED))',
+                inbox__slot_busy(queue, 's'))
+              USING queue, coalesce(keys, '{}'), at;
+        END IF;
+    END IF;
     IF n OPERATOR(pg_catalog.<) 1 THEN
         RETURN;
     END IF;
     FOR id, attempt, token, payload, payload_bytes IN
         SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes
-          FROM inbox__take_unlimited(queue, n, lease) AS t
+          FROM inbox__take_unlimited(queue, n, lease, chosen) AS t
     LOOP
         jobs := jobs OPERATOR(pg_catalog.||) id;
         tokens := tokens OPERATOR(pg_catalog.||) token;
@@ -496,6 +704,22 @@ BEGIN
          WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'r' AND s.key = ''
            AND s.slot OPERATOR(pg_catalog.=) ANY (starts[1:pg_catalog.cardinality(jobs)]);
     END IF;
+    IF chosen IS NOT NULL THEN
+        -- Each job taken gets one of the slots locked for its key.
+        UPDATE inbox_queue_slots s SET job = given.job, token = given.token, started_at = stamp
+          FROM (SELECT j.key, j.job, j.token, l.slot
+                  FROM (SELECT c.key, t.job, t.token,
+                               pg_catalog.row_number() OVER (PARTITION BY c.key ORDER BY t.job) AS nth
+                          FROM ROWS FROM (pg_catalog.unnest(jobs), pg_catalog.unnest(tokens)) AS t(job, token)
+                          JOIN ROWS FROM (pg_catalog.unnest(chosen), pg_catalog.unnest(chosen_keys)) AS c(job, key)
+                            ON c.job OPERATOR(pg_catalog.=) t.job) AS j
+                  JOIN (SELECT l.key, l.slot,
+                               pg_catalog.row_number() OVER (PARTITION BY l.key ORDER BY l.slot) AS nth
+                          FROM ROWS FROM (pg_catalog.unnest(slot_keys), pg_catalog.unnest(slot_numbers)) AS l(key, slot)) AS l
+                    ON l.key OPERATOR(pg_catalog.=) j.key AND l.nth OPERATOR(pg_catalog.=) j.nth) AS given
+         WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
+           AND s.key OPERATOR(pg_catalog.=) given.key AND s.slot OPERATOR(pg_catalog.=) given.slot;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION inbox__take_limited(pg_catalog.regclass, pg_catalog.int4, pg_catalog.interval) IS
@@ -511,7 +735,7 @@ DECLARE
     limits record;
     free pg_catalog.bool;
 BEGIN
-    SELECT c.concurrency, c.rate_limit, c.rate_period INTO limits
+    SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key INTO limits
       FROM inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue;
     IF limits.concurrency IS NOT NULL THEN
         EXECUTE pg_catalog.format(
@@ -527,16 +751,24 @@ BEGIN
             RETURN false;
         END IF;
     END IF;
-    IF limits.rate_limit IS NOT NULL THEN
-        RETURN EXISTS (SELECT FROM inbox_queue_slots s
-                        WHERE s.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue AND s.kind = 'r'
-                          AND s.key = '' AND s.slot OPERATOR(pg_catalog.<=) limits.rate_limit
-                          AND (s.started_at IS NULL
-                               OR s.started_at OPERATOR(pg_catalog.<=) (at OPERATOR(pg_catalog.-) limits.rate_period)))
+    IF limits.rate_limit IS NOT NULL AND NOT (
+           EXISTS (SELECT FROM inbox_queue_slots s
+                    WHERE s.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue AND s.kind = 'r'
+                      AND s.key = '' AND s.slot OPERATOR(pg_catalog.<=) limits.rate_limit
+                      AND (s.started_at IS NULL
+                           OR s.started_at OPERATOR(pg_catalog.<=) (at OPERATOR(pg_catalog.-) limits.rate_period)))
            AND NOT EXISTS (SELECT FROM inbox_queue_slots r
                             WHERE r.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue AND r.kind = 'r'
                               AND r.key = '' AND r.slot OPERATOR(pg_catalog.>) limits.rate_limit
-                              AND r.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) limits.rate_period));
+                              AND r.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) limits.rate_period))) THEN
+        RETURN false;
+    END IF;
+    IF limits.key_concurrency IS NOT NULL THEN
+        -- Some key has a due job and a free slot.
+        EXECUTE 'SELECT EXISTS (' OPERATOR(pg_catalog.||) inbox__key_turns(queue, limits.per_key)
+                OPERATOR(pg_catalog.||) ')'
+          INTO free USING queue, at, at, limits.key_concurrency, 1;
+        RETURN free;
     END IF;
     RETURN true;
 END
@@ -2058,7 +2290,9 @@ $$;
 -- transaction. The scan always starts at the head of the queue (the pgrx build's per-session
 -- floor, head.rs, is a speed-up only). A queue with limits is taken from by inbox__take_limited
 -- (sql/shared/limits.sql), unless `limits` is false (its call back, inbox__take_unlimited).
-CREATE OR REPLACE FUNCTION inbox__take_jobs(queue regclass, max int, lease interval, limits bool)
+DROP FUNCTION IF EXISTS inbox__take_jobs(regclass, int, interval, bool);
+CREATE OR REPLACE FUNCTION inbox__take_jobs(queue regclass, max int, lease interval, limits bool,
+                                            chose bigint[] DEFAULT NULL)
 RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
@@ -2081,7 +2315,8 @@ BEGIN
     -- A paused queue hands out nothing (sql/shared/controls.sql); it is checked as a queue first.
     shape := inbox__queue_shape(queue);
     SELECT c.paused_at IS NOT NULL AS paused,
-           c.concurrency IS NOT NULL OR c.rate_limit IS NOT NULL AS limited
+           c.concurrency IS NOT NULL OR c.rate_limit IS NOT NULL
+               OR c.key_concurrency IS NOT NULL AS limited
       INTO control FROM inbox_queue_controls c WHERE c.queue = inbox__take_jobs.queue;
     IF control.paused THEN
         RETURN;
@@ -2101,28 +2336,34 @@ BEGIN
     IF shape.nullable_locked_until THEN
         picked := format(
             'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
-            ' WHERE (locked_until IS NULL OR (locked_until <= $2%3$s)) '
+            ' WHERE (locked_until IS NULL OR (locked_until <= $2%3$s))@chosen@ '
             ' ORDER BY %1$s, locked_until NULLS FIRST, id LIMIT $1 FOR UPDATE SKIP LOCKED',
             rank, shape.table_sql, finite);
     ELSE
         picked := format(
             'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
-            ' WHERE locked_until <= $2%3$s '
+            ' WHERE locked_until <= $2%3$s@chosen@ '
             ' ORDER BY %1$s, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED',
             rank, shape.table_sql, finite);
+    END IF;
+    -- The jobs inbox__take_limited chose, the statement's last parameter: those of them that are due.
+    IF chose IS NULL THEN
+        picked := replace(picked, '@chosen@', '');
+    ELSE
+        picked := replace(picked, '@chosen@', format(' AND id = ANY ($%s)', CASE WHEN lease IS NULL THEN 3 ELSE 4 END));
     END IF;
     IF lease IS NULL THEN
         -- A lock's token is minus the attempt its settlement will count.
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L)',
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
             inbox__prepared(format(
                 'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
-                payloads, picked), 'int4, timestamptz'),
-            max, clock_timestamp());
+                payloads, picked), 'int4, timestamptz, int8[]'),
+            max, clock_timestamp(), chose);
     ELSE
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'taken.payload, NULL::bytea'
                          ELSE 'NULL::jsonb, taken.payload' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
             inbox__prepared(format(
                 'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
                 '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
@@ -2133,8 +2374,8 @@ BEGIN
                 ' ORDER BY next.rank, next.due%5$s, taken.id',
                 picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
                 payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END),
-                'int4, timestamptz, interval'),
-            max, clock_timestamp(), lease);
+                'int4, timestamptz, interval, int8[]'),
+            max, clock_timestamp(), lease, chose);
     END IF;
 END
 $$;
@@ -2149,13 +2390,17 @@ END
 $$;
 
 -- The take of a queue as if it had no limits: inbox__take_limited calls it for the jobs it has
--- slots for (a lease with `lease`, a lock without).
-CREATE OR REPLACE FUNCTION inbox__take_unlimited(queue regclass, max int, lease interval)
+-- slots for (a lease with `lease`, a lock without): the first `max` due jobs in the queue's
+-- order or, given `chose`, those of them that are due and not locked.
+DROP FUNCTION IF EXISTS inbox__take_unlimited(regclass, int, interval);
+CREATE OR REPLACE FUNCTION inbox__take_unlimited(queue regclass, max int, lease interval,
+                                                 chose bigint[] DEFAULT NULL)
 RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN QUERY SELECT * FROM inbox__take_jobs(
-        queue, max, CASE WHEN lease IS NOT NULL THEN inbox__check_interval(lease, 'lease', false) END, false);
+        queue, max, CASE WHEN lease IS NOT NULL THEN inbox__check_interval(lease, 'lease', false) END, false,
+        chose);
 END
 $$;
 

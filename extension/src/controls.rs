@@ -66,7 +66,8 @@ type Controls = (String, Oid, HashMap<Oid, Control>);
 pub(crate) struct Control {
     /// Takes hand out nothing.
     pub paused: bool,
-    /// Takes go through `inbox__take_limited` (a concurrency or rate limit).
+    /// Takes go through `inbox__take_limited` (a concurrency limit, per queue or per key, or a
+    /// rate limit).
     pub limited: bool,
 }
 
@@ -129,8 +130,10 @@ pub(crate) fn control(client: &SpiClient<'_>, queue: Oid) -> Control {
                 &format!(
                     "SELECT queue::pg_catalog.oid, paused_at IS NOT NULL, \
                             concurrency IS NOT NULL OR rate_limit IS NOT NULL \
+                            OR key_concurrency IS NOT NULL \
                        FROM {table} \
-                      WHERE paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_limit IS NOT NULL"
+                      WHERE paused_at IS NOT NULL OR concurrency IS NOT NULL \
+                         OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL"
                 ),
                 None,
                 &[],

@@ -30,6 +30,7 @@ pub(crate) enum Op {
     Lease,
     LeaseOne,
     Lock,
+    LockChosen,
     Ack,
     AckMany,
     Retry,

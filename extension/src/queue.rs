@@ -376,12 +376,13 @@ pub(crate) type Delivery = (i64, i32, i64, Option<Jsonb>, Option<Bytea>);
 
 /// Locks up to `max` due jobs and reads them; with `lease`, also leases them. A queue with limits
 /// is taken from by `inbox__take_limited` (sql/shared/limits.sql), unless `limits` is false (its
-/// call back, through `inbox__take_unlimited`).
+/// call back, through `inbox__take_unlimited`), which may name the jobs it `chose`.
 fn take(
     queue: Option<RegClass>,
     max: Option<i32>,
     lease: Option<Interval>,
     limits: bool,
+    chose: Option<BigintArray>,
 ) -> Vec<Delivery> {
     let queue = required(queue, "queue").0;
     let max = required(max, "max");
@@ -400,52 +401,20 @@ fn take(
         }
         crate::schedule::enqueue_due_ticks(client, queue);
         let shape = plans::queue(client, queue);
-        // A lease of one job takes and leases it in one statement; others lease what they took.
-        let leases_in_take = lease.filter(|_| max == 1);
-        let plan = match leases_in_take {
-            Some(_) => plans::generic_plan(client, queue, Op::LeaseOne, statements::lease_one),
-            None => plans::generic_plan(client, queue, Op::Lock, statements::take),
-        };
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        let run = |(rank, due, id): crate::head::Floor| {
-            // SAFETY: timestamptz values are int64s passed by value.
-            let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
-            let mut args = vec![max.into(), timestamptz(now)];
-            if !shape.nullable_locked_until {
-                args.extend([rank.into(), timestamptz(due), id.into()]);
+        // SAFETY: a timestamptz is an int64 passed by value.
+        let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
+        // A lease of one job takes and leases it in one statement; others lease what they took.
+        let leases_in_take = lease.filter(|_| max == 1 && chose.is_none());
+        let taken = match chose {
+            Some(chose) => {
+                let plan =
+                    plans::generic_plan(client, queue, Op::LockChosen, statements::take_chosen);
+                plan.run(&[chose.into(), timestamptz(now)]).min(max as usize)
             }
-            if let Some(lease) = leases_in_take {
-                args.push(lease.into());
-            }
-            plan.run(&args)
+            None => take_in_order(client, queue, &shape, max, now, leases_in_take),
         };
-        // Past the dead entries at the head of the index, unless that finds nothing (`head`).
-        let mut floor = crate::head::floor(queue, now);
-        let mut taken = run(floor);
-        if taken == 0 && floor != crate::head::WHOLE_QUEUE {
-            floor = crate::head::WHOLE_QUEUE;
-            taken = run(floor);
-        }
-        // SAFETY: reads the clock.
-        let took = unsafe { pg_sys::GetCurrentTimestamp() } - now;
-        // SAFETY: the statement returned `taken` rows of (int8 id, .., timestamptz due, int8 rank).
-        let first = (taken > 0)
-            .then(|| unsafe {
-                (
-                    spi_result_datum(0, 5),
-                    spi_result_datum(0, 4),
-                    spi_result_datum(0, 1),
-                )
-            })
-            .and_then(|(rank, due, id)| {
-                Some((
-                    rank?.value() as i64,
-                    due?.value() as i64,
-                    id?.value() as i64,
-                ))
-            });
-        crate::head::found(queue, floor, first, now, took);
         let deliveries: Vec<Delivery> = (0..taken)
             .map(|row| {
                 // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload),
@@ -474,12 +443,64 @@ fn take(
             // The jobs are locked by this transaction: the update finds every one of them.
             let plan = plans::generic_plan(client, queue, Op::Lease, statements::lease);
             let ids: Vec<i64> = deliveries.iter().map(|delivery| delivery.0).collect();
-            // SAFETY: a timestamptz is an int64 passed by value.
-            let now = unsafe { DatumWithOid::new(now, pg_sys::TIMESTAMPTZOID) };
-            plan.run(&[ids.into(), now, lease.into()]);
+            plan.run(&[ids.into(), timestamptz(now), lease.into()]);
         }
         deliveries
     })
+}
+
+/// Locks up to `max` due jobs in the queue's order (with `lease_one`, leases the one it takes),
+/// starting past the dead entries at the head of its index (`head`); the rows are SPI's result.
+fn take_in_order(
+    client: &SpiClient<'_>,
+    queue: pg_sys::Oid,
+    shape: &QueueShape,
+    max: i32,
+    now: i64,
+    lease_one: Option<Interval>,
+) -> usize {
+    let plan = match lease_one {
+        Some(_) => plans::generic_plan(client, queue, Op::LeaseOne, statements::lease_one),
+        None => plans::generic_plan(client, queue, Op::Lock, statements::take),
+    };
+    let run = |(rank, due, id): crate::head::Floor| {
+        // SAFETY: timestamptz values are int64s passed by value.
+        let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
+        let mut args = vec![max.into(), timestamptz(now)];
+        if !shape.nullable_locked_until {
+            args.extend([rank.into(), timestamptz(due), id.into()]);
+        }
+        if let Some(lease) = lease_one {
+            args.push(lease.into());
+        }
+        plan.run(&args)
+    };
+    let mut floor = crate::head::floor(queue, now);
+    let mut taken = run(floor);
+    if taken == 0 && floor != crate::head::WHOLE_QUEUE {
+        floor = crate::head::WHOLE_QUEUE;
+        taken = run(floor);
+    }
+    // SAFETY: reads the clock.
+    let took = unsafe { pg_sys::GetCurrentTimestamp() } - now;
+    // SAFETY: the statement returned `taken` rows of (int8 id, .., timestamptz due, int8 rank).
+    let first = (taken > 0)
+        .then(|| unsafe {
+            (
+                spi_result_datum(0, 5),
+                spi_result_datum(0, 4),
+                spi_result_datum(0, 1),
+            )
+        })
+        .and_then(|(rank, due, id)| {
+            Some((
+                rank?.value() as i64,
+                due?.value() as i64,
+                id?.value() as i64,
+            ))
+        });
+    crate::head::found(queue, floor, first, now, took);
+    taken
 }
 
 /// Leases up to `max` due jobs for `lease`, in order, with `FOR UPDATE SKIP LOCKED`.
@@ -500,7 +521,7 @@ fn inbox_lease(
     ),
 > {
     let lease = check_interval(required(lease, "lease"), "lease", false);
-    TableIterator::new(take(queue, max, Some(lease), true))
+    TableIterator::new(take(queue, max, Some(lease), true, None))
 }
 
 /// Row-locks up to `max` due jobs in the caller's transaction, as `inbox_lease` picks them.
@@ -519,17 +540,19 @@ fn inbox_lock(
         name!(payload_bytes, Option<Bytea>),
     ),
 > {
-    TableIterator::new(take(queue, max, None, true))
+    TableIterator::new(take(queue, max, None, true, None))
 }
 
 /// The take of a queue as if it had no limits: `inbox__take_limited` calls it for the jobs it has
-/// slots for (a lease with `lease`, a lock without).
+/// slots for (a lease with `lease`, a lock without): the first `max` due jobs in the queue's
+/// order or, given `chose`, those of them that are due and not locked.
 #[pg_extern(volatile, parallel_unsafe, name = "inbox__take_unlimited")]
 #[allow(clippy::type_complexity)]
 fn take_unlimited(
     queue: Option<RegClass>,
     max: Option<i32>,
     lease: Option<Interval>,
+    chose: default!(Option<BigintArray>, "NULL"),
 ) -> TableIterator<
     'static,
     (
@@ -541,7 +564,7 @@ fn take_unlimited(
     ),
 > {
     let lease = lease.map(|lease| check_interval(lease, "lease", false));
-    TableIterator::new(take(queue, max, lease, false))
+    TableIterator::new(take(queue, max, lease, false, chose))
 }
 
 /// Runs one fenced settlement of job `id` under `token`; true when it applied.

@@ -266,6 +266,32 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
     }
 }
 
+/// `$1` the ids of jobs a limited take chose (`inbox__take_limited`), `$2` now: those of them that
+/// are due, locked with SKIP LOCKED and returned as [`take`] returns them (without due time and
+/// rank), in the queue's order.
+pub(crate) fn take_chosen(queue: &QueueShape) -> Sql {
+    let table = &queue.table;
+    let rank = if queue.has_priority {
+        PRIORITY_RANK
+    } else {
+        "0::pg_catalog.int8"
+    };
+    let due = if queue.nullable_locked_until {
+        format!("(locked_until IS NULL OR (locked_until {LE} $2 AND locked_until {LT} {INFINITY}))")
+    } else {
+        format!("locked_until {LE} $2 AND locked_until {LT} {INFINITY}")
+    };
+    Sql {
+        text: format!(
+            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload \
+               FROM (SELECT id, attempt, payload, {rank} AS rank, locked_until FROM {table} \
+                      WHERE id {EQ} ANY ($1) AND {due} FOR UPDATE SKIP LOCKED) AS chosen \
+              ORDER BY rank, locked_until NULLS FIRST, id"
+        ),
+        args: vec![pg_sys::INT8ARRAYOID, pg_sys::TIMESTAMPTZOID],
+    }
+}
+
 /// The due jobs [`take`] locks, at most `limit`, and the types of the statement's parameters.
 fn picked(queue: &QueueShape, limit: &str) -> (String, Vec<Oid>) {
     let table = &queue.table;

@@ -18,7 +18,11 @@ CREATE TABLE IF NOT EXISTS inbox_queue_controls (
     -- any window of rate_period; NULL for none.
     concurrency pg_catalog.int4,
     rate_limit pg_catalog.int4,
-    rate_period pg_catalog.interval
+    rate_period pg_catalog.interval,
+    -- The limit per key: how many jobs of one key may run at once, the key being the payload's
+    -- field per_key (NULL for none).
+    key_concurrency pg_catalog.int4,
+    per_key pg_catalog.text
 );
 COMMENT ON TABLE inbox_queue_controls IS
     'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';

@@ -311,7 +311,9 @@ $$;
 -- transaction. The scan always starts at the head of the queue (the pgrx build's per-session
 -- floor, head.rs, is a speed-up only). A queue with limits is taken from by inbox__take_limited
 -- (sql/shared/limits.sql), unless `limits` is false (its call back, inbox__take_unlimited).
-CREATE OR REPLACE FUNCTION inbox__take_jobs(queue regclass, max int, lease interval, limits bool)
+DROP FUNCTION IF EXISTS inbox__take_jobs(regclass, int, interval, bool);
+CREATE OR REPLACE FUNCTION inbox__take_jobs(queue regclass, max int, lease interval, limits bool,
+                                            chose bigint[] DEFAULT NULL)
 RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
@@ -334,7 +336,8 @@ BEGIN
     -- A paused queue hands out nothing (sql/shared/controls.sql); it is checked as a queue first.
     shape := inbox__queue_shape(queue);
     SELECT c.paused_at IS NOT NULL AS paused,
-           c.concurrency IS NOT NULL OR c.rate_limit IS NOT NULL AS limited
+           c.concurrency IS NOT NULL OR c.rate_limit IS NOT NULL
+               OR c.key_concurrency IS NOT NULL AS limited
       INTO control FROM inbox_queue_controls c WHERE c.queue = inbox__take_jobs.queue;
     IF control.paused THEN
         RETURN;
@@ -354,28 +357,34 @@ BEGIN
     IF shape.nullable_locked_until THEN
         picked := format(
             'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
-            ' WHERE (locked_until IS NULL OR (locked_until <= $2%3$s)) '
+            ' WHERE (locked_until IS NULL OR (locked_until <= $2%3$s))@chosen@ '
             ' ORDER BY %1$s, locked_until NULLS FIRST, id LIMIT $1 FOR UPDATE SKIP LOCKED',
             rank, shape.table_sql, finite);
     ELSE
         picked := format(
             'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
-            ' WHERE locked_until <= $2%3$s '
+            ' WHERE locked_until <= $2%3$s@chosen@ '
             ' ORDER BY %1$s, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED',
             rank, shape.table_sql, finite);
+    END IF;
+    -- The jobs inbox__take_limited chose, the statement's last parameter: those of them that are due.
+    IF chose IS NULL THEN
+        picked := replace(picked, '@chosen@', '');
+    ELSE
+        picked := replace(picked, '@chosen@', format(' AND id = ANY ($%s)', CASE WHEN lease IS NULL THEN 3 ELSE 4 END));
     END IF;
     IF lease IS NULL THEN
         -- A lock's token is minus the attempt its settlement will count.
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L)',
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
             inbox__prepared(format(
                 'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
-                payloads, picked), 'int4, timestamptz'),
-            max, clock_timestamp());
+                payloads, picked), 'int4, timestamptz, int8[]'),
+            max, clock_timestamp(), chose);
     ELSE
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'taken.payload, NULL::bytea'
                          ELSE 'NULL::jsonb, taken.payload' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
             inbox__prepared(format(
                 'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
                 '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
@@ -386,8 +395,8 @@ BEGIN
                 ' ORDER BY next.rank, next.due%5$s, taken.id',
                 picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
                 payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END),
-                'int4, timestamptz, interval'),
-            max, clock_timestamp(), lease);
+                'int4, timestamptz, interval, int8[]'),
+            max, clock_timestamp(), lease, chose);
     END IF;
 END
 $$;
@@ -402,13 +411,17 @@ END
 $$;
 
 -- The take of a queue as if it had no limits: inbox__take_limited calls it for the jobs it has
--- slots for (a lease with `lease`, a lock without).
-CREATE OR REPLACE FUNCTION inbox__take_unlimited(queue regclass, max int, lease interval)
+-- slots for (a lease with `lease`, a lock without): the first `max` due jobs in the queue's
+-- order or, given `chose`, those of them that are due and not locked.
+DROP FUNCTION IF EXISTS inbox__take_unlimited(regclass, int, interval);
+CREATE OR REPLACE FUNCTION inbox__take_unlimited(queue regclass, max int, lease interval,
+                                                 chose bigint[] DEFAULT NULL)
 RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN QUERY SELECT * FROM inbox__take_jobs(
-        queue, max, CASE WHEN lease IS NOT NULL THEN inbox__check_interval(lease, 'lease', false) END, false);
+        queue, max, CASE WHEN lease IS NOT NULL THEN inbox__check_interval(lease, 'lease', false) END, false,
+        chose);
 END
 $$;
 
