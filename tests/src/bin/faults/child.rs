@@ -1,12 +1,16 @@
-//! The child worker process of cases 3 (killed with SIGKILL) and 8 (started under a skewed
-//! clock): a transactional worker whose handler logs each delivery outside its transaction,
-//! writes the effect through it, and acks. It runs until killed or until its stdin closes.
+//! The child worker process of cases 3 and 16 (killed with SIGKILL) and 8 (started under a
+//! skewed clock): a transactional worker whose handler logs each delivery outside its
+//! transaction, writes the effect through it, and acks. It runs until killed or until its stdin
+//! closes.
 //!
 //! ```text
 //! faults child --url URL --schema S --label L [--claim lease|lock] [--group N] [--workers N]
 //!              [--max-attempts N] [--lease-ms N] [--heartbeat on|off] [--work-ms N] [--slow-ms N]
+//!              [--ends on|off]
 //! ```
-//! A job whose payload is at least 1,000,000 sleeps `--slow-ms` on its first delivery.
+//! A job whose payload is at least 1,000,000 sleeps `--slow-ms` on its first delivery. With
+//! `--ends on` the handler also sets its effect's `ended` (a column the case adds) to the
+//! server's clock once its work is done, through the delivery's transaction, just before it acks.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -53,6 +57,7 @@ async fn run(args: &[String]) -> Result<()> {
     let group = number("group", 1)? as usize;
     let work_ms = number("work-ms", 20)?;
     let slow_ms = number("slow-ms", 0)?;
+    let ends = get("ends").as_deref() == Some("on");
     let claim = match get("claim").as_deref() {
         None | Some("lease") => Claim::Lease,
         Some("lock") => Claim::Lock,
@@ -91,6 +96,18 @@ async fn run(args: &[String]) -> Result<()> {
                 fastrand::u64(0..=work_ms)
             };
             tokio::time::sleep(Duration::from_millis(pause)).await;
+            if ends {
+                tx.execute(
+                    &Statement::new(
+                        "UPDATE effects SET ended = clock_timestamp() \
+                         WHERE n = $1 AND attempt = $2 AND worker = $3",
+                    )
+                    .bind(job.payload)
+                    .bind(job.attempt)
+                    .bind(label.as_str()),
+                )
+                .await?;
+            }
             Ok(Outcome::ack())
         })
     });
