@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! faults [--full] [--cases 1,5,13] [--markdown PATH]
-//! faults child --url URL --schema S ...     (case 3's and case 8's worker process)
+//! faults child --url URL --schema S ...     (the worker process of cases 3, 8, 16)
 //! faults relay --url URL --schema S --nats URL   (case 15's relay process)
 //! ```
 //!
@@ -43,6 +43,8 @@ mod c13;
 mod c14;
 #[path = "faults/cases/c15_outbox_relay.rs"]
 mod c15;
+#[path = "faults/cases/c16_limit_slots_sigkill.rs"]
+mod c16;
 #[path = "faults/child.rs"]
 mod child;
 #[path = "faults/cluster.rs"]
@@ -106,6 +108,7 @@ fn cases() -> Vec<Case> {
         case!(13, c13, true, 900),
         case!(14, c14, false, 300),
         case!(15, c15, true, 900),
+        case!(16, c16, false, 300),
     ]
 }
 
