@@ -48,8 +48,11 @@ enum Limit {
 pub async fn run(ctx: &Ctx) -> Result<Row> {
     let mut row = Row::new(16, NAME);
     let name = format!("inbox_faults_limits_{}", std::process::id());
-    let url = ctx.own_database(&name).await?;
-    let result = body(ctx, &mut row, &url).await;
+    // Dropped whatever happens, also when its extension could not be created.
+    let result = match ctx.own_database(&name).await {
+        Ok(url) => body(ctx, &mut row, &url).await,
+        Err(error) => Err(error),
+    };
     ctx.drop_database(&name).await;
     result?;
     Ok(row)
