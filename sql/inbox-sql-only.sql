@@ -530,8 +530,32 @@ RETURN pg_catalog.format(
     '   ORDER BY s.started_at NULLS FIRST, s.slot LIMIT $4 FOR UPDATE OF s SKIP LOCKED) AS f',
     inbox__slot_busy(queue, 's'), inbox__slot_busy(queue, 'r'));
 
--- The turns of the keys of a queue limited per key: (key, turn, its busy slots) for each job a
--- key may start now, at most $5, the keys that have due jobs and fewer than $4 busy slots taking
+-- Of the slots of `queue` a take has just locked (`kind`, `keys` and `slots`; NULL keys for
+-- the queue's own), those that are free as the latest commits show them. The statement that
+-- locked them judged them by its snapshot, and when it met a slot that a take committing
+-- meanwhile had given to a job, it judged that slot's new version by the same snapshot, in which
+-- the job's lease is not visible: a slot that had just become busy could look free.
+CREATE OR REPLACE FUNCTION inbox__still_free(queue pg_catalog.regclass, kind "char",
+                                             keys pg_catalog.text[], slots pg_catalog.int4[],
+                                             at pg_catalog.timestamptz)
+RETURNS TABLE(key pg_catalog.text, slot pg_catalog.int4)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF slots IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE pg_catalog.format(
+        'SELECT l.key, l.slot FROM ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($2)) AS l(key, slot) '
+        '  JOIN inbox_queue_slots s ON s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = $5 '
+        '   AND s.key OPERATOR(pg_catalog.=) COALESCE(l.key, '''') AND s.slot OPERATOR(pg_catalog.=) l.slot '
+        ' WHERE NOT %s',
+        inbox__slot_busy(queue, 's'))
+      USING queue, slots, at, keys, kind;
+END
+$$;
+
+-- The turns of the keys of a queue limited per key: (key, turn, place) for each job a key may
+-- start now, at most $5, the keys that have due jobs and fewer than $4 busy slots taking
 -- turns, least recently served first ($1 queue, $2 and $3 the clock). The keys are found by a
 -- loose scan of the key index (inbox__key_sql), one probe per key that has due jobs.
 CREATE OR REPLACE FUNCTION inbox__key_turns(queue pg_catalog.regclass, per_key pg_catalog.text)
@@ -552,9 +576,9 @@ BEGIN
         '          FROM inbox_queue_slots s '
         '         WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) keys.key) AS used '
         '     WHERE keys.key IS NOT NULL AND used.busy OPERATOR(pg_catalog.<) $4) '
-        'SELECT state.key, turn, state.busy FROM state, '
-        '       pg_catalog.generate_series(1, LEAST($4 OPERATOR(pg_catalog.-) state.busy, $5)::pg_catalog.int4) AS turn '
-        ' ORDER BY turn, state.last NULLS FIRST, state.key LIMIT $5',
+        'SELECT state.key, turn, pg_catalog.row_number() OVER (ORDER BY turn, state.last NULLS FIRST, state.key) AS place '
+        '  FROM state, pg_catalog.generate_series(1, LEAST($4 OPERATOR(pg_catalog.-) state.busy, $5)::pg_catalog.int4) AS turn '
+        ' ORDER BY place LIMIT $5',
         sql.key, queue, sql.due, inbox__slot_busy(queue, 's'));
 END
 $$;
@@ -578,7 +602,6 @@ DECLARE
     -- A limit per key: the keys' turns, the slots locked for them, the jobs chosen for those.
     sql record;
     turn record;
-    need pg_catalog.int4;
     key_slots pg_catalog.int4[];
     slot_keys pg_catalog.text[] := '{}';
     slot_numbers pg_catalog.int4[] := '{}';
@@ -586,11 +609,15 @@ DECLARE
     wants pg_catalog.int4[];
     chosen pg_catalog.int8[];
     chosen_keys pg_catalog.text[];
+    idle_keys pg_catalog.text[];
+    idle_slots pg_catalog.int4[];
 BEGIN
     SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key INTO limits
       FROM inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue;
     IF limits.concurrency IS NOT NULL THEN
         EXECUTE inbox__free_slots(queue) INTO running USING queue, limits.concurrency, at, n;
+        SELECT pg_catalog.array_agg(f.slot) INTO running
+          FROM inbox__still_free(queue, 'c', NULL, running, at) AS f;
         n := LEAST(n, coalesce(pg_catalog.cardinality(running), 0));
     END IF;
     IF limits.rate_limit IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
@@ -610,27 +637,32 @@ BEGIN
     END IF;
     IF limits.key_concurrency IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
         sql := inbox__key_sql(queue, limits.per_key);
+        -- The keys in turn, more turns than the take may start: another take may have locked
+        -- the slots of the first ones (they all see the same order), and this one goes on to
+        -- the next keys rather than come back empty.
         FOR turn IN EXECUTE
-            'SELECT t.key, pg_catalog.count(*)::pg_catalog.int4 AS want, pg_catalog.max(t.busy)::pg_catalog.int4 AS busy '
+            'SELECT t.key, pg_catalog.count(*)::pg_catalog.int4 AS want '
             '  FROM (' OPERATOR(pg_catalog.||) inbox__key_turns(queue, limits.per_key)
-                   OPERATOR(pg_catalog.||) ') AS t GROUP BY t.key'
-            USING queue, at, at, limits.key_concurrency, n
+                   OPERATOR(pg_catalog.||) ') AS t GROUP BY t.key ORDER BY pg_catalog.min(t.place)'
+            USING queue, at, at, limits.key_concurrency, n OPERATOR(pg_catalog.*) 4
         LOOP
+            EXIT WHEN pg_catalog.cardinality(slot_numbers) OPERATOR(pg_catalog.>=) n;
             -- A key met for the first time gets its slots. Two takes that make the same slot
             -- would wait on each other (an inbox_lock's until its transaction ends): the one
             -- that cannot have the key's advisory lock passes the key by this time.
-            -- Slots 1 to busy + want hold at least `want` free ones.
-            need := LEAST(limits.key_concurrency, turn.busy OPERATOR(pg_catalog.+) turn.want);
+            -- All of its slots, not only as many as it wants: one held by an inbox_lock looks
+            -- free (its token is no row's) but is locked, and the take looks past it.
             IF (SELECT pg_catalog.count(*) FROM inbox_queue_slots s
                  WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
-                   AND s.key OPERATOR(pg_catalog.=) turn.key AND s.slot OPERATOR(pg_catalog.<=) need)
-               OPERATOR(pg_catalog.<) need THEN
+                   AND s.key OPERATOR(pg_catalog.=) turn.key
+                   AND s.slot OPERATOR(pg_catalog.<=) limits.key_concurrency)
+               OPERATOR(pg_catalog.<) limits.key_concurrency THEN
                 CONTINUE WHEN NOT pg_catalog.pg_try_advisory_xact_lock(
                     (queue::pg_catalog.oid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
                     OPERATOR(pg_catalog.|) (pg_catalog.hashtext(turn.key)::pg_catalog.int8
                                             OPERATOR(pg_catalog.&) 4294967295));
                 INSERT INTO inbox_queue_slots (queue, kind, key, slot)
-                SELECT queue, 'k', turn.key, g FROM pg_catalog.generate_series(1, need) AS g
+                SELECT queue, 'k', turn.key, g FROM pg_catalog.generate_series(1, limits.key_concurrency) AS g
                     ON CONFLICT DO NOTHING;
             END IF;
             EXECUTE pg_catalog.format(
@@ -640,13 +672,17 @@ BEGIN
                 '     AND s.slot OPERATOR(pg_catalog.<=) $4 AND NOT %s '
                 '   ORDER BY s.slot LIMIT $5 FOR UPDATE OF s SKIP LOCKED) AS f',
                 inbox__slot_busy(queue, 's'))
-              INTO key_slots USING queue, turn.key, at, limits.key_concurrency, turn.want;
+              INTO key_slots USING queue, turn.key, at, limits.key_concurrency,
+                   LEAST(turn.want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers));
             IF key_slots IS NOT NULL THEN
                 slot_keys := slot_keys OPERATOR(pg_catalog.||)
                              pg_catalog.array_fill(turn.key, ARRAY[pg_catalog.cardinality(key_slots)]);
                 slot_numbers := slot_numbers OPERATOR(pg_catalog.||) key_slots;
             END IF;
         END LOOP;
+        SELECT coalesce(pg_catalog.array_agg(f.key), '{}'), coalesce(pg_catalog.array_agg(f.slot), '{}')
+          INTO slot_keys, slot_numbers
+          FROM inbox__still_free(queue, 'k', slot_keys, slot_numbers, at) AS f;
         SELECT pg_catalog.array_agg(s.key), pg_catalog.array_agg(s.want) INTO keys, wants
           FROM (SELECT u.key, pg_catalog.count(*)::pg_catalog.int4 AS want
                   FROM pg_catalog.unnest(slot_keys) AS u(key) GROUP BY u.key) AS s;
@@ -667,13 +703,17 @@ BEGIN
         -- whole of its transaction.
         IF lease IS NOT NULL AND pg_catalog.random() OPERATOR(pg_catalog.<) 0.02 THEN
             EXECUTE pg_catalog.format(
-                'DELETE FROM inbox_queue_slots d WHERE d.ctid OPERATOR(pg_catalog.=) ANY (ARRAY( '
-                '  SELECT s.ctid FROM inbox_queue_slots s '
+                'SELECT pg_catalog.array_agg(f.key), pg_catalog.array_agg(f.slot) FROM ( '
+                '  SELECT s.key, s.slot FROM inbox_queue_slots s '
                 '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' '
                 '     AND NOT (s.key OPERATOR(pg_catalog.=) ANY ($2)) AND NOT %s '
-                '     FOR UPDATE OF s SKIP LOCKED))',
+                '     FOR UPDATE OF s SKIP LOCKED) AS f',
                 inbox__slot_busy(queue, 's'))
-              USING queue, coalesce(keys, '{}'), at;
+              INTO idle_keys, idle_slots USING queue, coalesce(keys, '{}'), at;
+            DELETE FROM inbox_queue_slots d
+             USING inbox__still_free(queue, 'k', idle_keys, idle_slots, at) AS f
+             WHERE d.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND d.kind = 'k'
+               AND d.key OPERATOR(pg_catalog.=) f.key AND d.slot OPERATOR(pg_catalog.=) f.slot;
         END IF;
     END IF;
     IF n OPERATOR(pg_catalog.<) 1 THEN

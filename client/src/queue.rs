@@ -130,7 +130,7 @@ impl RateLimit {
 }
 
 /// A queue's limits and how much of them is in use (see `inbox_limits`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QueueLimits {
     /// How many jobs may run at once ([`Queue::set_concurrency`]).
     pub concurrency: Option<i32>,
@@ -140,6 +140,14 @@ pub struct QueueLimits {
     pub rate: Option<RateLimit>,
     /// How many started within the window that ends now.
     pub recent_starts: Option<i64>,
+    /// How many jobs of one key may run at once ([`Queue::set_concurrency_per_key`]).
+    pub key_concurrency: Option<i32>,
+    /// The payload's field whose value is a job's key.
+    pub per_key: Option<String>,
+    /// How many keys have leased jobs holding their slots now.
+    pub keys_running: Option<i64>,
+    /// The most leased jobs of one key holding its slots now.
+    pub most_running_per_key: Option<i64>,
 }
 
 impl Queue {
@@ -337,6 +345,30 @@ impl Queue {
         db.query(&statement).await.map(drop)
     }
 
+    /// Sets how many jobs of one key may run at once across all the queue's workers and
+    /// processes (`None`: no limit), once `db`'s transaction commits; a job's key is the value
+    /// of its payload's field `per_key` (the same key for every payload without it). Keys with
+    /// jobs due take turns, least recently served first, so one key's backlog does not hold the
+    /// others back. One field per queue: setting another replaces the limit. It makes an index
+    /// on the queue (as its owner; it waits for the queue's writers) and drops it with the limit.
+    ///
+    /// # Errors
+    /// The database's error (`22023` for a limit outside 1 to 10,000 or an empty field, `42804`
+    /// for a queue of `bytea` payloads, `42703` for a table that does not record its leases,
+    /// `42501` for a role that does not own the queue).
+    pub async fn set_concurrency_per_key(
+        &self,
+        db: &dyn Database,
+        per_key: &str,
+        n: Option<i32>,
+    ) -> Result<(), DbError> {
+        let statement = Statement::new(sql::QUEUE_SET_KEY_CONCURRENCY)
+            .bind(self.table.as_str())
+            .bind(n)
+            .bind(per_key);
+        db.query(&statement).await.map(drop)
+    }
+
     /// Sets how many jobs of the queue may start in any window of `rate.per` (`None`: no limit),
     /// once `db`'s transaction commits. A start is a lease (or a lock), on the server's clock;
     /// a lease limited by it returns fewer jobs, and idle workers sleep until their next poll.
@@ -375,6 +407,10 @@ impl Queue {
                 per: Duration::from_secs_f64(per.max(0.0)),
             }),
             recent_starts: row.get("recent_starts")?,
+            key_concurrency: row.get("key_concurrency")?,
+            per_key: row.get("per_key")?,
+            keys_running: row.get("keys_running")?,
+            most_running_per_key: row.get("most_running_per_key")?,
         })
     }
 

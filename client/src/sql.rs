@@ -141,9 +141,15 @@ pub(crate) const QUEUE_SET_CONCURRENCY: &str =
 pub(crate) const QUEUE_SET_RATE_LIMIT: &str = "SELECT inbox_set_rate_limit($1::text::regclass, \
      $2::int4, make_interval(secs => $3::float8))";
 
+/// `inbox_set_concurrency(queue, n, per_key)`: at most n jobs of one key (the payload's field
+/// `per_key`) running at once (NULL: no limit).
+pub(crate) const QUEUE_SET_KEY_CONCURRENCY: &str =
+    "SELECT inbox_set_concurrency($1::text::regclass, $2::int4, per_key => $3::text)";
+
 /// `inbox_limits(queue)`: the limits and their use, the rate's window in seconds.
 pub(crate) const QUEUE_LIMITS: &str = "SELECT concurrency, running, rate_limit, \
-     extract(epoch FROM rate_period)::float8 AS rate_period, recent_starts \
+     extract(epoch FROM rate_period)::float8 AS rate_period, recent_starts, \
+     key_concurrency, per_key, keys_running, most_running_per_key \
      FROM inbox_limits($1::text::regclass)";
 
 /// `inbox_cancel(queue, id)`: a waiting or running job becomes dead, its delivery fenced.

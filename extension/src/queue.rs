@@ -411,7 +411,8 @@ fn take(
             Some(chose) => {
                 let plan =
                     plans::generic_plan(client, queue, Op::LockChosen, statements::take_chosen);
-                plan.run(&[chose.into(), timestamptz(now)]).min(max as usize)
+                plan.run(&[chose.into(), timestamptz(now)])
+                    .min(max as usize)
             }
             None => take_in_order(client, queue, &shape, max, now, leases_in_take),
         };

@@ -2,7 +2,9 @@
 //! connections of their own as four processes would have, never run more jobs at once than the
 //! queue's concurrency limit (leased or locked) and never start more in a window than its rate
 //! limit; a slot comes back when its job settles or its lease expires, and not before; lowering
-//! a limit lets the jobs above it finish first; bad limits are refused with their SQLSTATE.
+//! a limit lets the jobs above it finish first; a limit per key holds for every key, and keys
+//! take turns so that none waits behind another's backlog; bad limits are refused with their
+//! SQLSTATE.
 
 use std::time::Duration;
 
@@ -45,7 +47,8 @@ async fn run_workers(
     let _turn = WORKERS.lock().await;
     let runs = (0..processes).map(|_| {
         let port = PgDatabase::from_pool_and_config(db.pool(9), db.config());
-        let handler = transactional(move |job: Job<i64>, tx: &dyn Database| {
+        // Payloads of any JSON: the handler reads the job's id only.
+        let handler = transactional(move |job: Job<serde_json::Value>, tx: &dyn Database| {
             Box::pin(async move {
                 let started = tx
                     .query(&Statement::new(record).bind(job.id))
@@ -91,6 +94,41 @@ async fn most_at_once(db: &TestDb) -> i64 {
         .await
         .unwrap()
         .get(0)
+}
+
+/// The queue `jobs` with `keys` keys of `per_key` jobs each, enqueued one key after another
+/// (`{"customer": "c<k>"}`), the `runs` table, and `job_keys`: each job's key.
+async fn setup_keys(db: &TestDb, keys: i64, per_key: i64) -> (PgDatabase, Queue) {
+    let (pg, queue) = setup(db, 0).await;
+    let payloads: Vec<serde_json::Value> = (0..keys)
+        .flat_map(|key| {
+            (0..per_key).map(move |n| serde_json::json!({"customer": format!("c{key}"), "n": n}))
+        })
+        .collect();
+    for chunk in payloads.chunks(1000) {
+        queue.enqueue_batch(&pg, chunk).await.unwrap();
+    }
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE job_keys AS SELECT id AS job, payload->>'customer' AS key FROM jobs",
+        )
+        .await
+        .unwrap();
+    (pg, queue)
+}
+
+/// The most runs of one key that overlapped at any instant.
+async fn most_at_once_per_key(db: &TestDb) -> i64 {
+    count(
+        db,
+        "SELECT max(n)::int8 FROM ( \
+           SELECT sum(d) OVER (PARTITION BY key ORDER BY at, d) AS n FROM ( \
+             SELECT k.key, r.started AS at, 1 AS d FROM runs r JOIN job_keys k ON k.job = r.job \
+             UNION ALL \
+             SELECT k.key, r.ended, -1 FROM runs r JOIN job_keys k ON k.job = r.job) e) s",
+    )
+    .await
 }
 
 async fn count(db: &TestDb, sql: &str) -> i64 {
@@ -177,6 +215,201 @@ async fn a_rate_limit_holds_across_four_workers() {
     assert_eq!(
         limits.rate,
         Some(RateLimit::new(10, Duration::from_millis(400)))
+    );
+}
+
+/// 32 slots in four workers on 10 keys limited to 2 at once each: every job runs once, no key
+/// ever has more than 2 running, with leases and with locks, and some key reached 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_concurrency_limit_per_key_holds_across_four_workers() {
+    for claim in [Claim::Lease, Claim::Lock] {
+        let db = TestDb::new().await;
+        let (pg, queue) = setup_keys(&db, 10, 20).await;
+        queue
+            .set_concurrency_per_key(&pg, "customer", Some(2))
+            .await
+            .unwrap();
+        let stats = run_workers(
+            &db,
+            4,
+            claim,
+            10,
+            "SELECT clock_timestamp() AS started WHERE $1::int8 IS NOT NULL",
+        )
+        .await;
+
+        let acked: u64 = stats.iter().map(|s| s.acked).sum();
+        assert_eq!(acked, 200, "{claim:?}: {stats:?}");
+        assert_eq!(count(&db, "SELECT count(*) FROM runs").await, 200);
+        let most = most_at_once_per_key(&db).await;
+        assert!(
+            most <= 2,
+            "{claim:?}: {most} jobs of one key ran at once under a limit of 2"
+        );
+        assert_eq!(most, 2, "{claim:?}: no key reached its limit");
+        // Ten keys of two: the workers ran more than one key's worth at once.
+        assert!(most_at_once(&db).await > 2, "{claim:?}");
+        let limits = queue.limits(&pg).await.unwrap();
+        assert_eq!(
+            (
+                limits.key_concurrency,
+                limits.per_key.as_deref(),
+                limits.keys_running,
+                limits.most_running_per_key
+            ),
+            (Some(2), Some("customer"), Some(0), Some(0))
+        );
+    }
+}
+
+/// 100 keys of 30 jobs each, enqueued one key after another, limited to one at a time per key:
+/// the keys take turns. Before a key's first lease, and between two of its leases, no other key
+/// was leased more than three times (a key enqueued last does not wait behind the backlogs
+/// enqueued before it). The longest a key waited is printed; it depends on the machine's speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_take_turns_so_that_no_key_waits_behind_the_others() {
+    let db = TestDb::new().await;
+    let (pg, queue) = setup_keys(&db, 100, 30).await;
+    queue
+        .set_concurrency_per_key(&pg, "customer", Some(1))
+        .await
+        .unwrap();
+    run_workers(
+        &db,
+        4,
+        Claim::Lease,
+        1,
+        "SELECT leased_at AS started FROM jobs WHERE id = $1",
+    )
+    .await;
+
+    assert_eq!(count(&db, "SELECT count(*) FROM runs").await, 3_000);
+    assert_eq!(most_at_once_per_key(&db).await, 1);
+    // The leases and the ends of the runs, in the order of the server's clock: a key waits from
+    // the end of its run (its slot free again) to its next lease.
+    let events: Vec<(usize, bool, f64)> = db
+        .client()
+        .await
+        .query(
+            "SELECT substr(k.key, 2)::int4, e.lease, extract(epoch FROM e.at)::float8 \
+               FROM (SELECT job, true AS lease, started AS at FROM runs \
+                     UNION ALL SELECT job, false, ended FROM runs) e \
+               JOIN job_keys k ON k.job = e.job ORDER BY e.at, e.lease",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get::<_, i32>(0) as usize, row.get(1), row.get(2)))
+        .collect();
+    // Each key's leases so far, and each key's copy of them from when it began to wait.
+    let mut leased = [0u32; 100];
+    let mut since = vec![[0u32; 100]; 100];
+    let mut waiting_from = [events[0].2; 100];
+    let (mut most_others, mut longest_wait) = (0, 0.0f64);
+    for &(key, lease, at) in &events {
+        if !lease {
+            since[key] = leased;
+            waiting_from[key] = at;
+            continue;
+        }
+        let others = (0..100)
+            .filter(|other| *other != key)
+            .map(|other| leased[other] - since[key][other])
+            .max()
+            .unwrap_or(0);
+        most_others = most_others.max(others);
+        longest_wait = longest_wait.max(at - waiting_from[key]);
+        leased[key] += 1;
+    }
+    println!(
+        "keys in turn: at most {most_others} leases of another key while one waited; \
+         the longest a key waited: {:.0} ms",
+        longest_wait * 1000.0
+    );
+    assert!(
+        most_others <= 3,
+        "a key waited while another was leased {most_others} times"
+    );
+}
+
+/// A limit per key of one, lowered from two: the key's jobs running above it finish before the
+/// key starts another; other keys go on; removing it lets the key run freely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lowering_a_limit_per_key_starts_nothing_of_the_key_until_its_jobs_above_it_finish() {
+    let db = TestDb::new().await;
+    let (pg, queue) = setup_keys(&db, 2, 5).await;
+    queue
+        .set_concurrency_per_key(&pg, "customer", Some(2))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    let running = lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
+    assert_eq!(running.len(), 4, "two keys of two");
+
+    queue
+        .set_concurrency_per_key(&pg, "customer", Some(1))
+        .await
+        .unwrap();
+    assert!(lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+        .await
+        .is_empty());
+    // One of key c0's two finishes: c0 still runs one, at its new limit.
+    let c0: Vec<(i64, i64)> = {
+        let ids: Vec<i64> = client
+            .query("SELECT job FROM job_keys WHERE key = 'c0'", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        running
+            .iter()
+            .copied()
+            .filter(|(id, _)| ids.contains(id))
+            .collect()
+    };
+    assert_eq!(c0.len(), 2);
+    assert!(settle(&client, "inbox_ack('jobs', $1, $2)", c0[0]).await);
+    assert!(lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+        .await
+        .is_empty());
+    assert!(settle(&client, "inbox_ack('jobs', $1, $2)", c0[1]).await);
+    assert_eq!(
+        lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(
+        queue.limits(&pg).await.unwrap().most_running_per_key,
+        Some(2)
+    );
+
+    queue
+        .set_concurrency_per_key(&pg, "customer", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+            .await
+            .len(),
+        5
+    );
+    assert_eq!(
+        queue.limits(&pg).await.unwrap(),
+        inbox_client::QueueLimits::default()
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM pg_indexes \
+              WHERE schemaname = current_schema() AND tablename = 'jobs' \
+                AND indexname LIKE 'inbox_key_%'"
+        )
+        .await,
+        0,
+        "the key index outlived its limit"
     );
 }
 
@@ -310,7 +543,9 @@ async fn bad_limits_are_refused() {
     let client = db.client().await;
     client
         .batch_execute(
-            "CREATE TABLE bare (id bigint, attempt int, locked_until timestamptz, payload jsonb)",
+            "CREATE TABLE bare (id bigint, attempt int, locked_until timestamptz, payload jsonb); \
+             CREATE TABLE bytes (id bigint, attempt int, locked_until timestamptz, \
+                                 leased_at timestamptz, payload bytea)",
         )
         .await
         .unwrap();
@@ -334,6 +569,22 @@ async fn bad_limits_are_refused() {
             ("SELECT inbox_set_rate_limit('jobs', 5, NULL)", "22023"),
             (
                 "SELECT inbox_set_rate_limit('bare', 5, '1 second')",
+                "42703",
+            ),
+            (
+                "SELECT inbox_set_concurrency('jobs', 0, per_key => 'customer')",
+                "22023",
+            ),
+            (
+                "SELECT inbox_set_concurrency('jobs', 1, per_key => '')",
+                "22023",
+            ),
+            (
+                "SELECT inbox_set_concurrency('bytes', 1, per_key => 'customer')",
+                "42804",
+            ),
+            (
+                "SELECT inbox_set_concurrency('bare', 1, per_key => 'customer')",
                 "42703",
             ),
         ],
