@@ -624,7 +624,9 @@ CREATE TABLE IF NOT EXISTS inbox_queue_controls (
     paused_at pg_catalog.timestamptz,
     concurrency pg_catalog.int4,
     rate_limit pg_catalog.int4,
-    rate_period pg_catalog.interval
+    rate_period pg_catalog.interval,
+    key_concurrency pg_catalog.int4,
+    per_key pg_catalog.text
 );
 COMMENT ON TABLE inbox_queue_controls IS
     'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';
@@ -777,7 +779,7 @@ COMMENT ON FUNCTION inbox_cancel(pg_catalog.regclass, pg_catalog.int8) IS
 
 CREATE TABLE IF NOT EXISTS inbox_queue_slots (
     queue pg_catalog.regclass NOT NULL,
-    kind "char" NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['c', 'r']::"char"[])),
+    kind "char" NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['c', 'r', 'k']::"char"[])),
     key pg_catalog.text NOT NULL DEFAULT '',
     slot pg_catalog.int4 NOT NULL,
     job pg_catalog.int8,
@@ -838,9 +840,42 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox_set_concurrency(queue pg_catalog.regclass, n pg_catalog.int4)
+CREATE OR REPLACE FUNCTION inbox__key_sql(queue pg_catalog.regclass, per_key pg_catalog.text,
+                                          OUT key pg_catalog.text, OUT due pg_catalog.text,
+                                          OUT rank pg_catalog.text, OUT index pg_catalog.text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    finite constant pg_catalog.text := 'locked_until OPERATOR(pg_catalog.<) ''infinity''::pg_catalog.timestamptz';
+    nullable pg_catalog.bool;
+BEGIN
+    key := pg_catalog.format('COALESCE(payload OPERATOR(pg_catalog.->>) %L::pg_catalog.text, '''')', per_key);
+    SELECT NOT a.attnotnull INTO nullable FROM pg_catalog.pg_attribute a
+     WHERE a.attrelid = queue AND a.attname = 'locked_until' AND a.attnum > 0 AND NOT a.attisdropped;
+    rank := CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                               WHERE a.attrelid = queue AND a.attname = 'priority'
+                                 AND a.attnum > 0 AND NOT a.attisdropped)
+                 THEN '(OPERATOR(pg_catalog.-) priority::pg_catalog.int8), ' ELSE '' END
+            || 'locked_until, id';
+    index := pg_catalog.format('CREATE INDEX %I ON %s ((%s), %s)',
+                               'inbox_key_' || queue::pg_catalog.oid, queue, key, rank);
+    IF nullable THEN
+        due := pg_catalog.format('(locked_until IS NULL OR (locked_until OPERATOR(pg_catalog.<=) $2 AND %s))', finite);
+    ELSE
+        due := pg_catalog.format('locked_until OPERATOR(pg_catalog.<=) $2 AND %s', finite);
+        index := index || ' WHERE ' || finite;
+    END IF;
+END
+$$;
+
+DROP FUNCTION IF EXISTS inbox_set_concurrency(pg_catalog.regclass, pg_catalog.int4);
+CREATE OR REPLACE FUNCTION inbox_set_concurrency(queue pg_catalog.regclass, n pg_catalog.int4,
+                                                 per_key pg_catalog.text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    slot_kind constant "char" := CASE WHEN per_key IS NULL THEN 'c' ELSE 'k' END;
+    field pg_catalog.text;
+    index pg_catalog.text;
 BEGIN
     PERFORM @extschema@.inbox__check_limited_queue(queue);
     IF n < 1 OR n > 10000 THEN
@@ -848,29 +883,65 @@ BEGIN
             MESSAGE = pg_catalog.format('the concurrency limit must be from 1 to 10000, not %s', n),
             HINT = 'NULL removes the limit.';
     END IF;
+    IF per_key = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'per_key must name a field of the payload';
+    ELSIF per_key IS NOT NULL AND NOT EXISTS (
+            SELECT FROM pg_catalog.pg_attribute a
+             WHERE a.attrelid = queue AND a.attname = 'payload'
+               AND a.atttypid = 'pg_catalog.jsonb'::pg_catalog.regtype
+               AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION USING ERRCODE = '42804',
+            MESSAGE = pg_catalog.format('%s cannot be limited per key: its payloads are not jsonb', queue);
+    END IF;
     PERFORM @extschema@.inbox__drop_orphan_controls();
     -- From here on the slots' state is their committed one.
     PERFORM FROM @extschema@.inbox_queue_slots s
-      WHERE s.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue AND s.kind = 'c'
+      WHERE s.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue AND s.kind = slot_kind
         FOR UPDATE;
-    INSERT INTO @extschema@.inbox_queue_controls AS c (queue, concurrency) VALUES (queue, n)
-        ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
-        DO UPDATE SET concurrency = excluded.concurrency;
-    INSERT INTO @extschema@.inbox_queue_slots (queue, kind, slot)
-    SELECT queue, 'c', g FROM pg_catalog.generate_series(1, coalesce(n, 0)) AS g
-        ON CONFLICT DO NOTHING;
+    IF per_key IS NULL THEN
+        INSERT INTO @extschema@.inbox_queue_controls AS c (queue, concurrency) VALUES (queue, n)
+            ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+            DO UPDATE SET concurrency = excluded.concurrency;
+        INSERT INTO @extschema@.inbox_queue_slots (queue, kind, slot)
+        SELECT queue, 'c', g FROM pg_catalog.generate_series(1, coalesce(n, 0)) AS g
+            ON CONFLICT DO NOTHING;
+    ELSE
+        SELECT c.per_key INTO field FROM @extschema@.inbox_queue_controls c
+         WHERE c.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue FOR UPDATE;
+        IF field IS DISTINCT FROM per_key OR n IS NULL THEN
+            -- Jobs that run under a limit of another field are not counted under this one.
+            DELETE FROM @extschema@.inbox_queue_slots s
+             WHERE s.queue OPERATOR(pg_catalog.=) inbox_set_concurrency.queue AND s.kind = 'k';
+            SELECT pg_catalog.format('%I.%I', nsp.nspname, i.relname) INTO index
+              FROM pg_catalog.pg_index x
+              JOIN pg_catalog.pg_class i ON i.oid OPERATOR(pg_catalog.=) x.indexrelid
+              JOIN pg_catalog.pg_namespace nsp ON nsp.oid OPERATOR(pg_catalog.=) i.relnamespace
+             WHERE x.indrelid OPERATOR(pg_catalog.=) queue::pg_catalog.oid
+               AND i.relname OPERATOR(pg_catalog.=) ('inbox_key_' OPERATOR(pg_catalog.||) queue::pg_catalog.oid);
+            IF index IS NOT NULL THEN
+                EXECUTE 'DROP INDEX ' OPERATOR(pg_catalog.||) index;
+            END IF;
+            IF n IS NOT NULL THEN
+                EXECUTE (@extschema@.inbox__key_sql(queue, per_key)).index;
+            END IF;
+        END IF;
+        INSERT INTO @extschema@.inbox_queue_controls AS c (queue, key_concurrency, per_key)
+        VALUES (queue, n, CASE WHEN n IS NOT NULL THEN per_key END)
+            ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+            DO UPDATE SET key_concurrency = excluded.key_concurrency, per_key = excluded.per_key;
+    END IF;
     -- The free slots above the limit go; the busy ones retire (see the head of this file).
     EXECUTE pg_catalog.format(
         'DELETE FROM @extschema@.inbox_queue_slots s WHERE s.queue OPERATOR(pg_catalog.=) $1 '
-        '   AND s.kind = ''c'' AND s.slot OPERATOR(pg_catalog.>) $2 AND ($2 OPERATOR(pg_catalog.=) 0 OR NOT %s)',
+        '   AND s.kind = $4 AND s.slot OPERATOR(pg_catalog.>) $2 AND ($2 OPERATOR(pg_catalog.=) 0 OR NOT %s)',
         @extschema@.inbox__slot_busy(queue, 's'))
-      USING queue, coalesce(n, 0), pg_catalog.clock_timestamp();
+      USING queue, coalesce(n, 0), pg_catalog.clock_timestamp(), slot_kind;
     -- Workers asleep on a full queue look again.
     PERFORM @extschema@.inbox_notify(queue);
 END
 $$;
-COMMENT ON FUNCTION inbox_set_concurrency(pg_catalog.regclass, pg_catalog.int4) IS
-    'Sets how many jobs of the queue may run at once across all workers (NULL: no limit).';
+COMMENT ON FUNCTION inbox_set_concurrency(pg_catalog.regclass, pg_catalog.int4, pg_catalog.text) IS
+    'Sets how many jobs of the queue may run at once across all workers, or with per_key how many of one key (NULL: no limit).';
 
 CREATE OR REPLACE FUNCTION inbox_set_rate_limit(queue pg_catalog.regclass, n pg_catalog.int4,
                                                 per pg_catalog.interval DEFAULT '1 second')
@@ -912,15 +983,19 @@ $$;
 COMMENT ON FUNCTION inbox_set_rate_limit(pg_catalog.regclass, pg_catalog.int4, pg_catalog.interval) IS
     'Sets how many jobs of the queue may start in any window of length per (NULL n: no limit).';
 
+DROP FUNCTION IF EXISTS inbox_limits(pg_catalog.regclass);
 CREATE OR REPLACE FUNCTION inbox_limits(queue pg_catalog.regclass)
 RETURNS TABLE(concurrency pg_catalog.int4, running pg_catalog.int8, rate_limit pg_catalog.int4,
-              rate_period pg_catalog.interval, recent_starts pg_catalog.int8)
+              rate_period pg_catalog.interval, recent_starts pg_catalog.int8,
+              key_concurrency pg_catalog.int4, per_key pg_catalog.text,
+              keys_running pg_catalog.int8, most_running_per_key pg_catalog.int8)
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
     PERFORM @extschema@.inbox__check_queue(queue);
-    SELECT c.concurrency, c.rate_limit, c.rate_period INTO concurrency, rate_limit, rate_period
+    SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key
+      INTO concurrency, rate_limit, rate_period, key_concurrency, per_key
       FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox_limits.queue;
     IF concurrency IS NOT NULL THEN
         -- Leases only: a slot held by an inbox_lock transaction shows as free until it ends.
@@ -935,11 +1010,23 @@ BEGIN
          WHERE s.queue OPERATOR(pg_catalog.=) inbox_limits.queue AND s.kind = 'r' AND s.key = ''
            AND s.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) rate_period);
     END IF;
+    IF key_concurrency IS NOT NULL THEN
+        -- As above, leases only.
+        EXECUTE pg_catalog.format(
+            'SELECT pg_catalog.count(DISTINCT s.key), coalesce(pg_catalog.max(per.n), 0) '
+            '  FROM @extschema@.inbox_queue_slots s, '
+            '       LATERAL (SELECT pg_catalog.count(*) AS n FROM @extschema@.inbox_queue_slots o '
+            '                 WHERE o.queue OPERATOR(pg_catalog.=) $1 AND o.kind = ''k'' '
+            '                   AND o.key OPERATOR(pg_catalog.=) s.key AND %s) AS per '
+            ' WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND %s',
+            @extschema@.inbox__slot_busy(queue, 'o'), @extschema@.inbox__slot_busy(queue, 's'))
+          INTO keys_running, most_running_per_key USING queue, key_concurrency, at;
+    END IF;
     RETURN NEXT;
 END
 $$;
 COMMENT ON FUNCTION inbox_limits(pg_catalog.regclass) IS
-    'The queue''s concurrency and rate limits, the jobs running under the first and the starts within the window of the second.';
+    'The queue''s limits, the jobs running under its concurrency limits and the starts within the window of its rate limit.';
 
 CREATE OR REPLACE FUNCTION inbox__free_slots(queue pg_catalog.regclass) RETURNS pg_catalog.text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -953,6 +1040,50 @@ RETURN pg_catalog.format(
     '                        AND r.slot OPERATOR(pg_catalog.>) $2 AND %2$s) '
     '   ORDER BY s.started_at NULLS FIRST, s.slot LIMIT $4 FOR UPDATE OF s SKIP LOCKED) AS f',
     @extschema@.inbox__slot_busy(queue, 's'), @extschema@.inbox__slot_busy(queue, 'r'));
+
+CREATE OR REPLACE FUNCTION inbox__still_free(queue pg_catalog.regclass, kind "char",
+                                             keys pg_catalog.text[], slots pg_catalog.int4[],
+                                             at pg_catalog.timestamptz)
+RETURNS TABLE(key pg_catalog.text, slot pg_catalog.int4)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF slots IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE pg_catalog.format(
+        'SELECT l.key, l.slot FROM ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($2)) AS l(key, slot) '
+        '  JOIN @extschema@.inbox_queue_slots s ON s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = $5 '
+        '   AND s.key OPERATOR(pg_catalog.=) COALESCE(l.key, '''') AND s.slot OPERATOR(pg_catalog.=) l.slot '
+        ' WHERE NOT %s',
+        @extschema@.inbox__slot_busy(queue, 's'))
+      USING queue, slots, at, keys, kind;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__key_turns(queue pg_catalog.regclass, per_key pg_catalog.text)
+RETURNS pg_catalog.text
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    sql record := @extschema@.inbox__key_sql(queue, per_key);
+BEGIN
+    RETURN pg_catalog.format(
+        'WITH RECURSIVE keys(key) AS ( '
+        '    (SELECT %1$s FROM %2$s WHERE %3$s ORDER BY 1 LIMIT 1) '
+        '    UNION ALL '
+        '    SELECT (SELECT %1$s FROM %2$s WHERE %1$s OPERATOR(pg_catalog.>) keys.key AND %3$s ORDER BY 1 LIMIT 1) '
+        '      FROM keys WHERE keys.key IS NOT NULL), '
+        'state AS ( '
+        '    SELECT keys.key, used.last, used.busy FROM keys, LATERAL ( '
+        '        SELECT pg_catalog.max(s.started_at) AS last, pg_catalog.count(*) FILTER (WHERE %4$s) AS busy '
+        '          FROM @extschema@.inbox_queue_slots s '
+        '         WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) keys.key) AS used '
+        '     WHERE keys.key IS NOT NULL AND used.busy OPERATOR(pg_catalog.<) $4) '
+        'SELECT state.key, turn, pg_catalog.row_number() OVER (ORDER BY turn, state.last NULLS FIRST, state.key) AS place '
+        '  FROM state, pg_catalog.generate_series(1, LEAST($4 OPERATOR(pg_catalog.-) state.busy, $5)::pg_catalog.int4) AS turn '
+        ' ORDER BY place LIMIT $5',
+        sql.key, queue, sql.due, @extschema@.inbox__slot_busy(queue, 's'));
+END
+$$;
 
 CREATE OR REPLACE FUNCTION inbox__take_limited(queue pg_catalog.regclass, max pg_catalog.int4,
                                                lease pg_catalog.interval)
@@ -968,11 +1099,25 @@ DECLARE
     jobs pg_catalog.int8[] := '{}';
     tokens pg_catalog.int8[] := '{}';
     stamp pg_catalog.timestamptz;
+    -- A limit per key: the keys' turns, the slots locked for them, the jobs chosen for those.
+    sql record;
+    turn record;
+    key_slots pg_catalog.int4[];
+    slot_keys pg_catalog.text[] := '{}';
+    slot_numbers pg_catalog.int4[] := '{}';
+    keys pg_catalog.text[];
+    wants pg_catalog.int4[];
+    chosen pg_catalog.int8[];
+    chosen_keys pg_catalog.text[];
+    idle_keys pg_catalog.text[];
+    idle_slots pg_catalog.int4[];
 BEGIN
-    SELECT c.concurrency, c.rate_limit, c.rate_period INTO limits
+    SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key INTO limits
       FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue;
     IF limits.concurrency IS NOT NULL THEN
         EXECUTE @extschema@.inbox__free_slots(queue) INTO running USING queue, limits.concurrency, at, n;
+        SELECT pg_catalog.array_agg(f.slot) INTO running
+          FROM @extschema@.inbox__still_free(queue, 'c', NULL, running, at) AS f;
         n := LEAST(n, coalesce(pg_catalog.cardinality(running), 0));
     END IF;
     IF limits.rate_limit IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
@@ -990,12 +1135,93 @@ BEGIN
              ORDER BY s.started_at NULLS FIRST, s.slot LIMIT n FOR UPDATE OF s SKIP LOCKED) AS f;
         n := LEAST(n, coalesce(pg_catalog.cardinality(starts), 0));
     END IF;
+    IF limits.key_concurrency IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
+        sql := @extschema@.inbox__key_sql(queue, limits.per_key);
+        -- The keys in turn, more turns than the take may start: another take may have locked
+        -- the slots of the first ones (they all see the same order), and this one goes on to
+        -- the next keys rather than come back empty.
+        FOR turn IN EXECUTE
+            'SELECT t.key, pg_catalog.count(*)::pg_catalog.int4 AS want '
+            '  FROM (' OPERATOR(pg_catalog.||) @extschema@.inbox__key_turns(queue, limits.per_key)
+                   OPERATOR(pg_catalog.||) ') AS t GROUP BY t.key ORDER BY pg_catalog.min(t.place)'
+            USING queue, at, at, limits.key_concurrency, n OPERATOR(pg_catalog.*) 4
+        LOOP
+            EXIT WHEN pg_catalog.cardinality(slot_numbers) OPERATOR(pg_catalog.>=) n;
+            -- A key met for the first time gets its slots. Two takes that make the same slot
+            -- would wait on each other (an inbox_lock's until its transaction ends): the one
+            -- that cannot have the key's advisory lock passes the key by this time.
+            -- All of its slots, not only as many as it wants: one held by an inbox_lock looks
+            -- free (its token is no row's) but is locked, and the take looks past it.
+            IF (SELECT pg_catalog.count(*) FROM @extschema@.inbox_queue_slots s
+                 WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
+                   AND s.key OPERATOR(pg_catalog.=) turn.key
+                   AND s.slot OPERATOR(pg_catalog.<=) limits.key_concurrency)
+               OPERATOR(pg_catalog.<) limits.key_concurrency THEN
+                CONTINUE WHEN NOT pg_catalog.pg_try_advisory_xact_lock(
+                    (queue::pg_catalog.oid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                    OPERATOR(pg_catalog.|) (pg_catalog.hashtext(turn.key)::pg_catalog.int8
+                                            OPERATOR(pg_catalog.&) 4294967295));
+                INSERT INTO @extschema@.inbox_queue_slots (queue, kind, key, slot)
+                SELECT queue, 'k', turn.key, g FROM pg_catalog.generate_series(1, limits.key_concurrency) AS g
+                    ON CONFLICT DO NOTHING;
+            END IF;
+            EXECUTE pg_catalog.format(
+                'SELECT pg_catalog.array_agg(f.slot) FROM ( '
+                '  SELECT s.slot FROM @extschema@.inbox_queue_slots s '
+                '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) $2 '
+                '     AND s.slot OPERATOR(pg_catalog.<=) $4 AND NOT %s '
+                '   ORDER BY s.slot LIMIT $5 FOR UPDATE OF s SKIP LOCKED) AS f',
+                @extschema@.inbox__slot_busy(queue, 's'))
+              INTO key_slots USING queue, turn.key, at, limits.key_concurrency,
+                   LEAST(turn.want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers));
+            IF key_slots IS NOT NULL THEN
+                slot_keys := slot_keys OPERATOR(pg_catalog.||)
+                             pg_catalog.array_fill(turn.key, ARRAY[pg_catalog.cardinality(key_slots)]);
+                slot_numbers := slot_numbers OPERATOR(pg_catalog.||) key_slots;
+            END IF;
+        END LOOP;
+        SELECT coalesce(pg_catalog.array_agg(f.key), '{}'), coalesce(pg_catalog.array_agg(f.slot), '{}')
+          INTO slot_keys, slot_numbers
+          FROM @extschema@.inbox__still_free(queue, 'k', slot_keys, slot_numbers, at) AS f;
+        SELECT pg_catalog.array_agg(s.key), pg_catalog.array_agg(s.want) INTO keys, wants
+          FROM (SELECT u.key, pg_catalog.count(*)::pg_catalog.int4 AS want
+                  FROM pg_catalog.unnest(slot_keys) AS u(key) GROUP BY u.key) AS s;
+        IF keys IS NOT NULL THEN
+            -- Each key's first due jobs, as many as it has slots.
+            EXECUTE pg_catalog.format(
+                'SELECT pg_catalog.array_agg(c.id), pg_catalog.array_agg(w.key) '
+                '  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3)) AS w(key, want), '
+                '       LATERAL (SELECT id FROM %s WHERE %s OPERATOR(pg_catalog.=) w.key AND %s '
+                '                 ORDER BY %s LIMIT w.want FOR UPDATE SKIP LOCKED) AS c',
+                queue, sql.key, sql.due, sql.rank)
+              INTO chosen, chosen_keys USING keys, at, wants;
+        END IF;
+        n := LEAST(n, coalesce(pg_catalog.cardinality(chosen), 0));
+        -- Now and then the free slots of the keys not served here go, so that keys seen once
+        -- leave no rows behind; a free slot is made again when its key next needs it. Leases
+        -- only: a lock would hold the deleted rows, which takes that make them wait on, for the
+        -- whole of its transaction.
+        IF lease IS NOT NULL AND pg_catalog.random() OPERATOR(pg_catalog.<) 0.02 THEN
+            EXECUTE pg_catalog.format(
+                'SELECT pg_catalog.array_agg(f.key), pg_catalog.array_agg(f.slot) FROM ( '
+                '  SELECT s.key, s.slot FROM @extschema@.inbox_queue_slots s '
+                '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' '
+                '     AND NOT (s.key OPERATOR(pg_catalog.=) ANY ($2)) AND NOT %s '
+                '     FOR UPDATE OF s SKIP LOCKED) AS f',
+                @extschema@.inbox__slot_busy(queue, 's'))
+              INTO idle_keys, idle_slots USING queue, coalesce(keys, '{}'), at;
+            DELETE FROM @extschema@.inbox_queue_slots d
+             USING @extschema@.inbox__still_free(queue, 'k', idle_keys, idle_slots, at) AS f
+             WHERE d.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND d.kind = 'k'
+               AND d.key OPERATOR(pg_catalog.=) f.key AND d.slot OPERATOR(pg_catalog.=) f.slot;
+        END IF;
+    END IF;
     IF n OPERATOR(pg_catalog.<) 1 THEN
         RETURN;
     END IF;
     FOR id, attempt, token, payload, payload_bytes IN
         SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes
-          FROM @extschema@.inbox__take_unlimited(queue, n, lease) AS t
+          FROM @extschema@.inbox__take_unlimited(queue, n, lease, chosen) AS t
     LOOP
         jobs := jobs OPERATOR(pg_catalog.||) id;
         tokens := tokens OPERATOR(pg_catalog.||) token;
@@ -1018,6 +1244,22 @@ BEGIN
          WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'r' AND s.key = ''
            AND s.slot OPERATOR(pg_catalog.=) ANY (starts[1:pg_catalog.cardinality(jobs)]);
     END IF;
+    IF chosen IS NOT NULL THEN
+        -- Each job taken gets one of the slots locked for its key.
+        UPDATE @extschema@.inbox_queue_slots s SET job = given.job, token = given.token, started_at = stamp
+          FROM (SELECT j.key, j.job, j.token, l.slot
+                  FROM (SELECT c.key, t.job, t.token,
+                               pg_catalog.row_number() OVER (PARTITION BY c.key ORDER BY t.job) AS nth
+                          FROM ROWS FROM (pg_catalog.unnest(jobs), pg_catalog.unnest(tokens)) AS t(job, token)
+                          JOIN ROWS FROM (pg_catalog.unnest(chosen), pg_catalog.unnest(chosen_keys)) AS c(job, key)
+                            ON c.job OPERATOR(pg_catalog.=) t.job) AS j
+                  JOIN (SELECT l.key, l.slot,
+                               pg_catalog.row_number() OVER (PARTITION BY l.key ORDER BY l.slot) AS nth
+                          FROM ROWS FROM (pg_catalog.unnest(slot_keys), pg_catalog.unnest(slot_numbers)) AS l(key, slot)) AS l
+                    ON l.key OPERATOR(pg_catalog.=) j.key AND l.nth OPERATOR(pg_catalog.=) j.nth) AS given
+         WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
+           AND s.key OPERATOR(pg_catalog.=) given.key AND s.slot OPERATOR(pg_catalog.=) given.slot;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION inbox__take_limited(pg_catalog.regclass, pg_catalog.int4, pg_catalog.interval) IS
@@ -1030,7 +1272,7 @@ DECLARE
     limits record;
     free pg_catalog.bool;
 BEGIN
-    SELECT c.concurrency, c.rate_limit, c.rate_period INTO limits
+    SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key INTO limits
       FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue;
     IF limits.concurrency IS NOT NULL THEN
         EXECUTE pg_catalog.format(
@@ -1046,16 +1288,24 @@ BEGIN
             RETURN false;
         END IF;
     END IF;
-    IF limits.rate_limit IS NOT NULL THEN
-        RETURN EXISTS (SELECT FROM @extschema@.inbox_queue_slots s
-                        WHERE s.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue AND s.kind = 'r'
-                          AND s.key = '' AND s.slot OPERATOR(pg_catalog.<=) limits.rate_limit
-                          AND (s.started_at IS NULL
-                               OR s.started_at OPERATOR(pg_catalog.<=) (at OPERATOR(pg_catalog.-) limits.rate_period)))
+    IF limits.rate_limit IS NOT NULL AND NOT (
+           EXISTS (SELECT FROM @extschema@.inbox_queue_slots s
+                    WHERE s.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue AND s.kind = 'r'
+                      AND s.key = '' AND s.slot OPERATOR(pg_catalog.<=) limits.rate_limit
+                      AND (s.started_at IS NULL
+                           OR s.started_at OPERATOR(pg_catalog.<=) (at OPERATOR(pg_catalog.-) limits.rate_period)))
            AND NOT EXISTS (SELECT FROM @extschema@.inbox_queue_slots r
                             WHERE r.queue OPERATOR(pg_catalog.=) inbox__limits_allow.queue AND r.kind = 'r'
                               AND r.key = '' AND r.slot OPERATOR(pg_catalog.>) limits.rate_limit
-                              AND r.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) limits.rate_period));
+                              AND r.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) limits.rate_period))) THEN
+        RETURN false;
+    END IF;
+    IF limits.key_concurrency IS NOT NULL THEN
+        -- Some key has a due job and a free slot.
+        EXECUTE 'SELECT EXISTS (' OPERATOR(pg_catalog.||) @extschema@.inbox__key_turns(queue, limits.per_key)
+                OPERATOR(pg_catalog.||) ')'
+          INTO free USING queue, at, at, limits.key_concurrency, 1;
+        RETURN free;
     END IF;
     RETURN true;
 END
@@ -1095,7 +1345,8 @@ CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
 CREATE OR REPLACE FUNCTION "inbox__take_unlimited"(
 	"queue" regclass, /* Option < RegClass > */
 	"max" INT, /* Option < i32 > */
-	"lease" interval /* Option < Interval > */
+	"lease" interval, /* Option < Interval > */
+	"chose" bigint[] DEFAULT NULL /* Option < BigintArray > */
 ) RETURNS TABLE (
 	"id" bigint,  /* i64 */
 	"attempt" INT,  /* i32 */

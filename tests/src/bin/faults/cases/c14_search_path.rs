@@ -323,6 +323,9 @@ async fn hijack(row: &mut Row, url: &str, variant: u8, path: &str) -> Result<()>
         format!("SELECT inbox_set_rate_limit({pq}, 5, '1 minute')"),
         format!("SELECT * FROM inbox_lease({pq}, 10, '1 minute')"),
         format!("SELECT * FROM inbox_limits({pq})"),
+        format!("SELECT inbox_set_concurrency({pq}, 1, per_key => 'customer')"),
+        format!("SELECT * FROM inbox_lease({pq}, 10, '1 minute')"),
+        format!("SELECT * FROM inbox_limits({pq})"),
         format!("SELECT inbox_cancel({pq}, id) FROM public.{q} LIMIT 1"),
         format!("SELECT inbox_create_outbox({po})"),
         format!(
