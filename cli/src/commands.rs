@@ -151,6 +151,108 @@ pub async fn pause(db: &Db, out: &Output, queue: &str, pause: bool) -> Result<()
     Ok(())
 }
 
+/// A limit given on the command line: a number, or `none` for no limit.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit(Option<i32>);
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "none" {
+            return Ok(Limit(None));
+        }
+        text.parse()
+            .map(|n| Limit(Some(n)))
+            .map_err(|_| format!("{text:?} is neither a number nor `none`"))
+    }
+}
+
+/// The limits `inbox limits` sets before it shows them.
+pub struct LimitChange {
+    pub concurrency: Option<Limit>,
+    /// The payload's field, and the limit per key.
+    pub per_key: Option<(String, Limit)>,
+    /// The count, and the window as an interval.
+    pub rate: Option<(Limit, String)>,
+}
+
+/// Sets the limits `change` names (each in its own transaction, by the extension's functions),
+/// then shows all of them and how much of them is in use.
+pub async fn limits(
+    db: &Db,
+    out: &Output,
+    queue: &str,
+    change: LimitChange,
+) -> Result<(), CliError> {
+    if let Some(Limit(n)) = change.concurrency {
+        db.one(&sql::SET_CONCURRENCY, &[&queue, &n, &None::<String>])
+            .await?;
+    }
+    if let Some((field, Limit(n))) = &change.per_key {
+        db.one(&sql::SET_CONCURRENCY, &[&queue, n, field]).await?;
+    }
+    if let Some((Limit(n), per)) = &change.rate {
+        db.one(&sql::SET_RATE_LIMIT, &[&queue, n, per]).await?;
+    }
+    let row = db.one(&sql::LIMITS, &[&queue]).await?;
+    let concurrency: Option<i32> = row.get(0);
+    let running: Option<i64> = row.get(1);
+    let rate: Option<i32> = row.get(2);
+    let per: Option<String> = row.get(3);
+    let recent: Option<i64> = row.get(4);
+    let key_concurrency: Option<i32> = row.get(5);
+    let per_key: Option<String> = row.get(6);
+    let keys_running: Option<i64> = row.get(7);
+    let most_per_key: Option<i64> = row.get(8);
+    let value = json!({
+        "queue": queue,
+        "concurrency": concurrency,
+        "running": running,
+        "rate_limit": rate,
+        "rate_period": per,
+        "recent_starts": recent,
+        "key_concurrency": key_concurrency,
+        "per_key": per_key,
+        "keys_running": keys_running,
+        "most_running_per_key": most_per_key,
+    });
+    out.emit(value, || {
+        let mut rows = Vec::new();
+        if let Some(n) = concurrency {
+            rows.push(vec![
+                "concurrency".to_owned(),
+                n.to_string(),
+                format!("{} running", running.unwrap_or(0)),
+            ]);
+        }
+        if let (Some(n), Some(field)) = (key_concurrency, &per_key) {
+            rows.push(vec![
+                format!("concurrency per {field}"),
+                n.to_string(),
+                format!(
+                    "{} keys running, at most {} of one",
+                    keys_running.unwrap_or(0),
+                    most_per_key.unwrap_or(0)
+                ),
+            ]);
+        }
+        if let Some(n) = rate {
+            rows.push(vec![
+                "rate".to_owned(),
+                format!("{n} per {}", per.as_deref().unwrap_or("?")),
+                format!("{} started in the window", recent.unwrap_or(0)),
+            ]);
+        }
+        if rows.is_empty() {
+            format!("{queue} has no limits")
+        } else {
+            table(&["limit", "value", "in use"], rows, &[])
+        }
+    });
+    Ok(())
+}
+
 pub async fn stats(db: &Db, out: &Output, queue: &str, watch: Option<f64>) -> Result<(), CliError> {
     let Some(seconds) = watch else {
         let (value, cells) = read_stats(db, queue).await?;

@@ -65,6 +65,28 @@ enum Command {
         /// The queue table (optionally schema-qualified).
         queue: String,
     },
+    /// Show a queue's concurrency and rate limits and how much of them is in use; with options,
+    /// set them first (each takes hold when it commits; `none` removes one).
+    Limits {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+        /// At most N of the queue's jobs run at once, across all workers.
+        #[arg(long, value_name = "N|none")]
+        concurrency: Option<commands::Limit>,
+        /// At most N jobs of one key run at once, a job's key being its payload's field
+        /// --per-key.
+        #[arg(long, value_name = "N|none", requires = "per_key")]
+        key_concurrency: Option<commands::Limit>,
+        /// The payload's field whose value is a job's key, for --key-concurrency.
+        #[arg(long, value_name = "FIELD", requires = "key_concurrency")]
+        per_key: Option<String>,
+        /// At most N jobs start in any window of --per.
+        #[arg(long, value_name = "N|none")]
+        rate: Option<commands::Limit>,
+        /// The rate limit's window, a PostgreSQL interval.
+        #[arg(long, value_name = "INTERVAL", default_value = "1 second")]
+        per: String,
+    },
     /// Show one queue's job counts and oldest ready age, once or every few seconds.
     Stats {
         /// The queue table (optionally schema-qualified).
@@ -340,6 +362,21 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 Command::Resume { queue } => commands::pause(&db, &out, &queue, false).await,
                 Command::Cancel { queue, ids } => commands::cancel(&db, &out, &queue, &ids).await,
                 Command::Stats { queue, watch } => commands::stats(&db, &out, &queue, watch).await,
+                Command::Limits {
+                    queue,
+                    concurrency,
+                    key_concurrency,
+                    per_key,
+                    rate,
+                    per,
+                } => {
+                    let change = commands::LimitChange {
+                        concurrency,
+                        per_key: per_key.zip(key_concurrency),
+                        rate: rate.map(|rate| (rate, per)),
+                    };
+                    commands::limits(&db, &out, &queue, change).await
+                }
                 Command::Jobs {
                     queue,
                     state,

@@ -49,6 +49,27 @@ pub const RESUME: Sql = Sql {
     params: &[Type::TEXT],
 };
 
+/// `inbox_set_concurrency(queue, n, per_key)`: at most n running at once, of the queue or of
+/// one key (NULL n: no limit).
+pub const SET_CONCURRENCY: Sql = Sql {
+    text: "SELECT inbox_set_concurrency($1::text::regclass, $2::int4, per_key => $3::text)",
+    params: &[Type::TEXT, Type::INT4, Type::TEXT],
+};
+
+/// `inbox_set_rate_limit(queue, n, per)`: at most n starts in any window of `per`.
+pub const SET_RATE_LIMIT: Sql = Sql {
+    text: "SELECT inbox_set_rate_limit($1::text::regclass, $2::int4, $3::text::interval)",
+    params: &[Type::TEXT, Type::INT4, Type::TEXT],
+};
+
+/// `inbox_limits(queue)`, the rate's window as text.
+pub const LIMITS: Sql = Sql {
+    text: "SELECT concurrency, running, rate_limit, rate_period::text, recent_starts, \
+        key_concurrency, per_key, keys_running, most_running_per_key \
+        FROM inbox_limits($1::text::regclass)",
+    params: &[Type::TEXT],
+};
+
 /// `inbox_jobs(queue, state, max)`; bytea payloads in base64.
 pub const JOBS: Sql = Sql {
     text: "SELECT id, state, attempt, to_json(due) #>> '{}', last_error, payload, \

@@ -796,3 +796,108 @@ async fn cancel_makes_jobs_dead_marked_cancelled_and_exits_4_for_the_others() {
         2
     );
 }
+
+/// `inbox limits` sets a queue's limits through the extension's functions and shows them with
+/// how much of them is in use; `none` removes one; a bad limit fails with the server's SQLSTATE
+/// and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_set_shown_and_removed() {
+    let db = TestDb::new().await;
+    let schema = db.schema().to_owned();
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('mails'); \
+             SELECT inbox_enqueue('mails', '{\"customer\": \"acme\"}'); \
+             SELECT inbox_enqueue('mails', '{\"customer\": \"acme\"}')",
+        )
+        .await
+        .unwrap();
+    let queue = format!("{schema}.mails");
+    let none = json(&db, &["limits", &queue]);
+    assert_eq!(none["concurrency"], Value::Null);
+    let plain = inbox(&db).args(["limits", &queue]).output().unwrap();
+    assert!(String::from_utf8_lossy(&plain.stdout).contains("has no limits"));
+
+    let set = json(
+        &db,
+        &[
+            "limits",
+            &queue,
+            "--concurrency",
+            "3",
+            "--key-concurrency",
+            "1",
+            "--per-key",
+            "customer",
+            "--rate",
+            "10",
+            "--per",
+            "1 minute",
+        ],
+    );
+    assert_eq!(set["concurrency"], 3);
+    assert_eq!(set["key_concurrency"], 1);
+    assert_eq!(set["per_key"], "customer");
+    assert_eq!(set["rate_limit"], 10);
+    assert_eq!(set["rate_period"], "00:01:00");
+    // Two jobs of one customer: one lease, and the limits show it.
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT count(*) FROM inbox_lease('{queue}', 10, '1 minute')")
+        )
+        .await,
+        1
+    );
+    let used = json(&db, &["limits", &queue]);
+    assert_eq!(
+        (
+            &used["running"],
+            &used["keys_running"],
+            &used["most_running_per_key"],
+            &used["recent_starts"]
+        ),
+        (
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(1),
+            &Value::from(1)
+        )
+    );
+    let shown = inbox(&db).args(["limits", &queue]).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("concurrency per customer"), "{shown}");
+    assert!(
+        shown.contains("1 keys running, at most 1 of one"),
+        "{shown}"
+    );
+
+    let (code, stderr) = failure(&db, &["limits", &queue, "--concurrency", "0"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("22023"), "{stderr}");
+    assert_eq!(json(&db, &["limits", &queue])["concurrency"], 3);
+    let (_, stderr) = failure(&db, &["limits", &queue, "--concurrency", "three"]);
+    assert!(stderr.contains("neither a number nor `none`"), "{stderr}");
+    let (_, stderr) = failure(&db, &["limits", &queue, "--key-concurrency", "1"]);
+    assert!(stderr.contains("--per-key"), "{stderr}");
+
+    let removed = json(
+        &db,
+        &[
+            "limits",
+            &queue,
+            "--concurrency",
+            "none",
+            "--key-concurrency",
+            "none",
+            "--per-key",
+            "customer",
+            "--rate",
+            "none",
+        ],
+    );
+    for field in ["concurrency", "key_concurrency", "per_key", "rate_limit"] {
+        assert_eq!(removed[field], Value::Null, "{field}: {removed}");
+    }
+}
