@@ -75,8 +75,22 @@ struct OutboxGauges {
 }
 
 /// What one scrape read.
+/// One limited queue's row of `inbox_limits()`.
+struct LimitGauges {
+    queue: String,
+    concurrency: Option<i32>,
+    running: Option<i64>,
+    rate_limit: Option<i32>,
+    rate_period: Option<f64>,
+    recent_starts: Option<i64>,
+    key_concurrency: Option<i32>,
+    keys_running: Option<i64>,
+    most_running_per_key: Option<i64>,
+}
+
 struct Reading {
     queues: Vec<QueueGauges>,
+    limits: Vec<LimitGauges>,
     outboxes: Vec<OutboxGauges>,
 }
 
@@ -99,33 +113,50 @@ impl Exporter {
             let rows = tx
                 .query_typed(sql::METRICS.text, &db::typed(&sql::METRICS, &[]))
                 .await?;
-            // In a savepoint: a database whose extension predates the outboxes has no
-            // inbox_outboxes(), and still has its queues' gauges.
-            let outboxes = tx.transaction().await?;
-            let outbox_rows = match outboxes
-                .query_typed(
-                    sql::OUTBOX_METRICS.text,
-                    &db::typed(&sql::OUTBOX_METRICS, &[]),
-                )
-                .await
-            {
-                Ok(rows) => {
-                    outboxes.commit().await?;
-                    rows
-                }
-                Err(error)
-                    if error.code()
-                        == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
+            // Each in a savepoint: a database whose extension predates the limits or the
+            // outboxes has no inbox_limits() or inbox_outboxes(), and still has its queues'
+            // gauges.
+            let mut optional = Vec::new();
+            for statement in [&sql::LIMIT_METRICS, &sql::OUTBOX_METRICS] {
+                let savepoint = tx.transaction().await?;
+                match savepoint
+                    .query_typed(statement.text, &db::typed(statement, &[]))
+                    .await
                 {
-                    outboxes.rollback().await?;
-                    Vec::new()
+                    Ok(rows) => {
+                        savepoint.commit().await?;
+                        optional.push(rows);
+                    }
+                    Err(error)
+                        if error.code()
+                            == Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION) =>
+                    {
+                        savepoint.rollback().await?;
+                        optional.push(Vec::new());
+                    }
+                    Err(error) => return Err(error),
                 }
-                Err(error) => return Err(error),
-            };
+            }
             tx.commit().await?;
-            Ok((rows, outbox_rows))
+            let outbox_rows = optional.pop().unwrap_or_default();
+            let limit_rows = optional.pop().unwrap_or_default();
+            Ok((rows, limit_rows, outbox_rows))
         };
-        let (rows, outbox_rows) = scrape.await.map_err(|e| self.secret.error(e))?;
+        let (rows, limit_rows, outbox_rows) = scrape.await.map_err(|e| self.secret.error(e))?;
+        let limits = limit_rows
+            .iter()
+            .map(|row| LimitGauges {
+                queue: row.get(0),
+                concurrency: row.get(1),
+                running: row.get(2),
+                rate_limit: row.get(3),
+                rate_period: row.get(4),
+                recent_starts: row.get(5),
+                key_concurrency: row.get(6),
+                keys_running: row.get(7),
+                most_running_per_key: row.get(8),
+            })
+            .collect();
         let outboxes = outbox_rows
             .iter()
             .map(|row| OutboxGauges {
@@ -154,7 +185,11 @@ impl Exporter {
                 paused: row.get(7),
             })
             .collect();
-        Ok(Reading { queues, outboxes })
+        Ok(Reading {
+            queues,
+            limits,
+            outboxes,
+        })
     }
 
     /// The body of one scrape: the queues' gauges, and `inbox_up` 0 when they cannot be read.
@@ -172,6 +207,7 @@ impl Exporter {
             Ok(reading) => {
                 up.set(1);
                 register_queues(&mut registry, &reading.queues);
+                register_limits(&mut registry, &reading.limits);
                 register_outboxes(&mut registry, &reading.outboxes);
             }
             Err(error) => {
@@ -240,6 +276,78 @@ fn register_queues(registry: &mut Registry, queues: &[QueueGauges]) {
         "inbox_queue_paused",
         "Whether the queue is paused (1): its leases and locks hand out nothing until it is resumed",
         paused,
+    );
+}
+
+/// The gauges of the queues' limits, present for the queues that have them.
+fn register_limits(registry: &mut Registry, limits: &[LimitGauges]) {
+    let int = |name: &str, help: &str, value: fn(&LimitGauges) -> Option<i64>| {
+        let family = Family::<QueueLabels, Gauge>::default();
+        for queue in limits {
+            if let Some(value) = value(queue) {
+                family
+                    .get_or_create(&QueueLabels {
+                        queue: queue.queue.clone(),
+                    })
+                    .set(value);
+            }
+        }
+        (name.to_owned(), help.to_owned(), family)
+    };
+    let gauges = [
+        int(
+            "inbox_queue_concurrency_limit",
+            "How many of the queue's jobs may run at once",
+            |q| q.concurrency.map(i64::from),
+        ),
+        int(
+            "inbox_queue_concurrency_running",
+            "Leased jobs holding a slot of the queue's concurrency limit",
+            |q| q.concurrency.and(q.running),
+        ),
+        int(
+            "inbox_queue_rate_limit",
+            "How many of the queue's jobs may start in a window of its rate limit",
+            |q| q.rate_limit.map(i64::from),
+        ),
+        int(
+            "inbox_queue_rate_limit_recent_starts",
+            "Starts within the window of the rate limit that ends now",
+            |q| q.rate_limit.and(q.recent_starts),
+        ),
+        int(
+            "inbox_queue_key_concurrency_limit",
+            "How many jobs of one key may run at once",
+            |q| q.key_concurrency.map(i64::from),
+        ),
+        int(
+            "inbox_queue_keys_running",
+            "Keys with leased jobs holding their slots",
+            |q| q.key_concurrency.and(q.keys_running),
+        ),
+        int(
+            "inbox_queue_most_running_per_key",
+            "The most leased jobs of one key holding its slots",
+            |q| q.key_concurrency.and(q.most_running_per_key),
+        ),
+    ];
+    for (name, help, family) in gauges {
+        registry.register(name, help, family);
+    }
+    let window = Family::<QueueLabels, Gauge<f64, AtomicU64>>::default();
+    for queue in limits {
+        if let (Some(_), Some(seconds)) = (queue.rate_limit, queue.rate_period) {
+            window
+                .get_or_create(&QueueLabels {
+                    queue: queue.queue.clone(),
+                })
+                .set(seconds);
+        }
+    }
+    registry.register(
+        "inbox_queue_rate_limit_window_seconds",
+        "The length of the window of the queue's rate limit",
+        window,
     );
 }
 

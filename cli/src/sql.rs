@@ -174,6 +174,17 @@ pub const METRICS: Sql = Sql {
     params: &[],
 };
 
+/// `inbox_limits(queue)` of every queue that has a limit (from `inbox_metrics()`), the rate's
+/// window in seconds.
+pub const LIMIT_METRICS: Sql = Sql {
+    text: "SELECT m.queue, l.concurrency, l.running, l.rate_limit, \
+        extract(epoch FROM l.rate_period)::float8, l.recent_starts, l.key_concurrency, \
+        l.keys_running, l.most_running_per_key \
+        FROM inbox_metrics() m, LATERAL inbox_limits(m.queue::regclass) l \
+        WHERE l.concurrency IS NOT NULL OR l.rate_limit IS NOT NULL OR l.key_concurrency IS NOT NULL",
+    params: &[],
+};
+
 /// `inbox_outboxes()`: every outbox with its counts, ages (in seconds), relay and what it sent.
 /// Outboxes are named schema-qualified, as the metrics label them.
 pub const OUTBOXES: Sql = Sql {

@@ -553,6 +553,37 @@ async fn metrics_serves_every_queue_at_slash_metrics() {
     let (_, body) = exporter.scrape();
     assert_eq!(jobs(&body, "ready"), Some(2.0), "{body}");
     assert_eq!(paused(&body), Some(1.0), "{body}");
+    // A queue's limits have gauges once it has them: one job leased under each.
+    let gauge =
+        |body: &str, name: &str| sample(body, &format!("{name}{{queue=\"{schema}.billing\"}}"));
+    assert_eq!(
+        gauge(&body, "inbox_queue_concurrency_limit"),
+        None,
+        "{body}"
+    );
+    client
+        .batch_execute(
+            "SELECT inbox_set_concurrency('billing', 5); \
+             SELECT inbox_set_concurrency('billing', 2, per_key => 'customer'); \
+             SELECT inbox_set_rate_limit('billing', 10, '1 minute'); \
+             SELECT inbox_resume('billing'); \
+             SELECT * FROM inbox_lease('billing', 1, '1 minute')",
+        )
+        .await
+        .unwrap();
+    let (_, body) = exporter.scrape();
+    for (name, value) in [
+        ("inbox_queue_concurrency_limit", 5.0),
+        ("inbox_queue_concurrency_running", 1.0),
+        ("inbox_queue_key_concurrency_limit", 2.0),
+        ("inbox_queue_keys_running", 1.0),
+        ("inbox_queue_most_running_per_key", 1.0),
+        ("inbox_queue_rate_limit", 10.0),
+        ("inbox_queue_rate_limit_recent_starts", 1.0),
+        ("inbox_queue_rate_limit_window_seconds", 60.0),
+    ] {
+        assert_eq!(gauge(&body, name), Some(value), "{name}: {body}");
+    }
 
     // A connection killed under the exporter is replaced: a later scrape reads the queues again.
     let killed = count(
@@ -573,7 +604,8 @@ async fn metrics_serves_every_queue_at_slash_metrics() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(sample(&body, "inbox_up"), Some(1.0), "{body}");
-    assert_eq!(jobs(&body, "ready"), Some(2.0), "{body}");
+    // Two ready before the limits, one of them leased under them.
+    assert_eq!(jobs(&body, "ready"), Some(1.0), "{body}");
 }
 
 // The dead-letter and schedule subcommands call `inbox_dead_jobs`, `inbox_requeue`,
