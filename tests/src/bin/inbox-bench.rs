@@ -19,6 +19,8 @@ mod burndown;
 mod figures;
 #[path = "bench/groups.rs"]
 mod groups;
+#[path = "bench/limits.rs"]
+mod limits;
 #[path = "bench/measure.rs"]
 mod measure;
 #[path = "bench/outbox.rs"]
@@ -135,6 +137,7 @@ async fn run(args: &[String]) -> Result<()> {
             11 => upkeep::bloat(&ctx).await?,
             12 => upkeep::held_snapshot(&ctx).await?,
             13 => outbox::outbox(&ctx).await?,
+            14 => limits::limits(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio_postgres::{Client, Row, Statement};
 
 use super::measure::window;
-use super::setup::{truncate, Ctx, Refill, Result, Side, DUE_IN_INDEX_ORDER, Q_RAW};
+use super::setup::{truncate, Ctx, Refill, Result, Side, DUE_IN_INDEX_ORDER, PAYLOAD_N, Q_RAW};
 
 /// What one connection does again and again; each step settles or writes some units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -353,13 +353,41 @@ impl Session {
 /// over the measurement window. The tables of the step's side are emptied first; a step that
 /// consumes jobs has its queue kept filled.
 pub async fn run_clients(ctx: &Ctx, connections: usize, step: Step) -> Result<f64> {
+    let run = run_clients_with(ctx, connections, step, PAYLOAD_N).await?;
+    if run.dry > 0 {
+        eprintln!(
+            "  note: {step:?} x{connections} found its queue empty {} times",
+            run.dry
+        );
+    }
+    Ok(run.rate)
+}
+
+/// What [`run_clients_with`] measured.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientsRun {
+    /// Units per second over the window.
+    pub rate: f64,
+    /// Steps that did nothing (a take that found no job it could have), over the whole run
+    /// (warm-up included).
+    pub dry: u64,
+}
+
+/// [`run_clients`] with the refill's payloads `payload` (an SQL expression of `g`, see
+/// [`fill_with`](super::setup::fill_with)); tells how many steps did nothing rather than print it.
+pub async fn run_clients_with(
+    ctx: &Ctx,
+    connections: usize,
+    step: Step,
+    payload: &'static str,
+) -> Result<ClientsRun> {
     let side = step.side();
     let admin = ctx.connect().await?;
     truncate(&admin, &[side.queue(), side.ledger(), side.done()]).await?;
     let done = Arc::new(AtomicU64::new(0));
     let refill = if step.consumes() {
         let depth = ctx.opts.depth(connections, step.in_flight() as usize);
-        Some(Refill::start(ctx, side.queue(), depth, done.clone()).await?)
+        Some(Refill::start_with(ctx, side.queue(), depth, done.clone(), payload).await?)
     } else {
         None
     };
@@ -389,9 +417,8 @@ pub async fn run_clients(ctx: &Ctx, connections: usize, step: Step) -> Result<f6
     if let Some(refill) = refill {
         refill.stop().await?;
     }
-    let dry = dry.load(Ordering::Relaxed);
-    if dry > 0 {
-        eprintln!("  note: {step:?} x{connections} found its queue empty {dry} times");
-    }
-    Ok(rate)
+    Ok(ClientsRun {
+        rate,
+        dry: dry.load(Ordering::Relaxed),
+    })
 }

@@ -68,7 +68,7 @@ pub struct Opts {
     pub rounds: usize,
     /// Concurrent connections of figures 1 to 5.
     pub connections: Vec<usize>,
-    /// Figures to run (1 to 13).
+    /// Figures to run (1 to 14).
     pub figures: Vec<u8>,
     /// Latency samples per side and connection count (figure 5).
     pub latency_samples: usize,
@@ -100,7 +100,7 @@ impl Opts {
             warmup: Duration::from_millis(250),
             rounds: 3,
             connections: vec![1, 4, 16],
-            figures: (1..=13).collect(),
+            figures: (1..=14).collect(),
             latency_samples: 1000,
             churn: (100_000, 1_000_000),
             child_seconds: 8,
@@ -207,13 +207,22 @@ pub async fn truncate(client: &Client, tables: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The payload of the jobs [`fill`] inserts, an SQL expression of `g` (1 to n): `{"n": g}`.
+pub const PAYLOAD_N: &str = "jsonb_build_object('n', g)";
+
 /// Inserts `n` due jobs `{"n": i}` into `queue` with plain SQL (not part of any measurement).
 pub async fn fill(client: &Client, queue: &str, n: u64) -> Result<()> {
+    fill_with(client, queue, n, PAYLOAD_N).await
+}
+
+/// Inserts `n` due jobs into `queue` whose payloads are `payload`, an SQL expression of `g`
+/// (1 to n), as [`PAYLOAD_N`].
+pub async fn fill_with(client: &Client, queue: &str, n: u64, payload: &str) -> Result<()> {
     client
         .execute(
             &format!(
                 "INSERT INTO {queue} (payload) \
-                 SELECT jsonb_build_object('n', g) FROM generate_series(1, $1::int8) AS g"
+                 SELECT {payload} FROM generate_series(1, $1::int8) AS g"
             ),
             &[&(n as i64)],
         )
@@ -235,8 +244,19 @@ impl Refill {
         depth: u64,
         consumed: Arc<AtomicU64>,
     ) -> Result<Self> {
+        Self::start_with(ctx, queue, depth, consumed, PAYLOAD_N).await
+    }
+
+    /// The same with payloads `payload` (see [`fill_with`]).
+    pub async fn start_with(
+        ctx: &Ctx,
+        queue: &'static str,
+        depth: u64,
+        consumed: Arc<AtomicU64>,
+        payload: &'static str,
+    ) -> Result<Self> {
         let client = ctx.connect().await?;
-        fill(&client, queue, depth).await?;
+        fill_with(&client, queue, depth, payload).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
@@ -245,7 +265,7 @@ impl Refill {
                 let wanted = consumed.load(Ordering::Relaxed) + depth;
                 if inserted < wanted {
                     let chunk = (wanted - inserted).clamp(1_000, 20_000);
-                    fill(&client, queue, chunk).await?;
+                    fill_with(&client, queue, chunk, payload).await?;
                     inserted += chunk;
                 } else {
                     tokio::time::sleep(Duration::from_millis(2)).await;
