@@ -391,32 +391,40 @@ pub async fn run_clients_with(
     } else {
         None
     };
-    let stop = Arc::new(AtomicBool::new(false));
     let dry = Arc::new(AtomicU64::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..connections {
-        let mut session = Session::open(ctx, step).await?;
-        let (stop, done, dry) = (stop.clone(), done.clone(), dry.clone());
-        tasks.spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let units = session.run().await?;
-                done.fetch_add(units, Ordering::Relaxed);
-                if units == 0 {
-                    dry.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The refill stops also when a session fails (a caller may go on after the error).
+    let measured = async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..connections {
+            let mut session = Session::open(ctx, step).await?;
+            let (stop, done, dry) = (stop.clone(), done.clone(), dry.clone());
+            tasks.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let units = session.run().await?;
+                    done.fetch_add(units, Ordering::Relaxed);
+                    if units == 0 {
+                        dry.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                 }
-            }
-            Result::Ok(())
-        });
+                Result::Ok(())
+            });
+        }
+        let rate = window(ctx, || done.load(Ordering::Relaxed)).await?;
+        stop.store(true, Ordering::Relaxed);
+        while let Some(result) = tasks.join_next().await {
+            result??;
+        }
+        Result::Ok(rate)
     }
-    let rate = window(ctx, || done.load(Ordering::Relaxed)).await?;
-    stop.store(true, Ordering::Relaxed);
-    while let Some(result) = tasks.join_next().await {
-        result??;
-    }
-    if let Some(refill) = refill {
-        refill.stop().await?;
-    }
+    .await;
+    let stopped = match refill {
+        Some(refill) => refill.stop().await,
+        None => Ok(()),
+    };
+    let rate = measured?;
+    stopped?;
     Ok(ClientsRun {
         rate,
         dry: dry.load(Ordering::Relaxed),
