@@ -1038,7 +1038,8 @@ RETURN pg_catalog.format(
     '     AND NOT EXISTS (SELECT FROM @extschema@.inbox_queue_slots r '
     '                      WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.kind = ''c'' AND r.key = '''' '
     '                        AND r.slot OPERATOR(pg_catalog.>) $2 AND %2$s) '
-    '   ORDER BY s.started_at NULLS FIRST, s.slot LIMIT $4 FOR UPDATE OF s SKIP LOCKED) AS f',
+    '     AND NOT (s.slot OPERATOR(pg_catalog.=) ANY ($5)) '
+    '   ORDER BY s.slot LIMIT $4 FOR UPDATE OF s SKIP LOCKED) AS f',
     @extschema@.inbox__slot_busy(queue, 's'), @extschema@.inbox__slot_busy(queue, 'r'));
 
 CREATE OR REPLACE FUNCTION inbox__still_free(queue pg_catalog.regclass, kind "char",
@@ -1103,6 +1104,9 @@ DECLARE
     sql record;
     turn record;
     key_slots pg_catalog.int4[];
+    picked pg_catalog.int4[];
+    want pg_catalog.int4;
+    given record;
     slot_keys pg_catalog.text[] := '{}';
     slot_numbers pg_catalog.int4[] := '{}';
     keys pg_catalog.text[];
@@ -1115,10 +1119,20 @@ BEGIN
     SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key INTO limits
       FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue;
     IF limits.concurrency IS NOT NULL THEN
-        EXECUTE @extschema@.inbox__free_slots(queue) INTO running USING queue, limits.concurrency, at, n;
-        SELECT pg_catalog.array_agg(f.slot) INTO running
-          FROM @extschema@.inbox__still_free(queue, 'c', NULL, running, at) AS f;
-        n := LEAST(n, coalesce(pg_catalog.cardinality(running), 0));
+        -- A slot that another take gave meanwhile is dropped by inbox__still_free; the next
+        -- look, with a newer snapshot, sees it busy and goes past it.
+        running := '{}';
+        FOR round IN 1..3 LOOP
+            want := n OPERATOR(pg_catalog.-) pg_catalog.cardinality(running);
+            EXECUTE @extschema@.inbox__free_slots(queue) INTO picked
+              USING queue, limits.concurrency, at, want, running;
+            EXIT WHEN picked IS NULL;
+            running := running OPERATOR(pg_catalog.||) ARRAY(
+                SELECT f.slot FROM @extschema@.inbox__still_free(queue, 'c', NULL, picked, at) AS f);
+            EXIT WHEN pg_catalog.cardinality(running) OPERATOR(pg_catalog.>=) n
+                   OR pg_catalog.cardinality(picked) OPERATOR(pg_catalog.<) want;
+        END LOOP;
+        n := LEAST(n, pg_catalog.cardinality(running));
     END IF;
     IF limits.rate_limit IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
         SELECT pg_catalog.array_agg(f.slot) INTO starts FROM (
@@ -1132,7 +1146,7 @@ BEGIN
                                   AND r.kind = 'r' AND r.key = ''
                                   AND r.slot OPERATOR(pg_catalog.>) limits.rate_limit
                                   AND r.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) limits.rate_period))
-             ORDER BY s.started_at NULLS FIRST, s.slot LIMIT n FOR UPDATE OF s SKIP LOCKED) AS f;
+             ORDER BY s.slot LIMIT n FOR UPDATE OF s SKIP LOCKED) AS f;
         n := LEAST(n, coalesce(pg_catalog.cardinality(starts), 0));
     END IF;
     IF limits.key_concurrency IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
@@ -1140,31 +1154,14 @@ BEGIN
         -- The keys in turn, more turns than the take may start: another take may have locked
         -- the slots of the first ones (they all see the same order), and this one goes on to
         -- the next keys rather than come back empty.
+        -- A key wants its turns among the first n places, and one if it has none there.
         FOR turn IN EXECUTE
-            'SELECT t.key, pg_catalog.count(*)::pg_catalog.int4 AS want '
+            'SELECT t.key, GREATEST(1, pg_catalog.count(*) FILTER (WHERE t.place OPERATOR(pg_catalog.<=) $6))::pg_catalog.int4 AS want '
             '  FROM (' OPERATOR(pg_catalog.||) @extschema@.inbox__key_turns(queue, limits.per_key)
                    OPERATOR(pg_catalog.||) ') AS t GROUP BY t.key ORDER BY pg_catalog.min(t.place)'
-            USING queue, at, at, limits.key_concurrency, n OPERATOR(pg_catalog.*) 4
+            USING queue, at, at, limits.key_concurrency, n OPERATOR(pg_catalog.*) 4, n
         LOOP
             EXIT WHEN pg_catalog.cardinality(slot_numbers) OPERATOR(pg_catalog.>=) n;
-            -- A key met for the first time gets its slots. Two takes that make the same slot
-            -- would wait on each other (an inbox_lock's until its transaction ends): the one
-            -- that cannot have the key's advisory lock passes the key by this time.
-            -- All of its slots, not only as many as it wants: one held by an inbox_lock looks
-            -- free (its token is no row's) but is locked, and the take looks past it.
-            IF (SELECT pg_catalog.count(*) FROM @extschema@.inbox_queue_slots s
-                 WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
-                   AND s.key OPERATOR(pg_catalog.=) turn.key
-                   AND s.slot OPERATOR(pg_catalog.<=) limits.key_concurrency)
-               OPERATOR(pg_catalog.<) limits.key_concurrency THEN
-                CONTINUE WHEN NOT pg_catalog.pg_try_advisory_xact_lock(
-                    (queue::pg_catalog.oid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
-                    OPERATOR(pg_catalog.|) (pg_catalog.hashtext(turn.key)::pg_catalog.int8
-                                            OPERATOR(pg_catalog.&) 4294967295));
-                INSERT INTO @extschema@.inbox_queue_slots (queue, kind, key, slot)
-                SELECT queue, 'k', turn.key, g FROM pg_catalog.generate_series(1, limits.key_concurrency) AS g
-                    ON CONFLICT DO NOTHING;
-            END IF;
             EXECUTE pg_catalog.format(
                 'SELECT pg_catalog.array_agg(f.slot) FROM ( '
                 '  SELECT s.slot FROM @extschema@.inbox_queue_slots s '
@@ -1174,7 +1171,31 @@ BEGIN
                 @extschema@.inbox__slot_busy(queue, 's'))
               INTO key_slots USING queue, turn.key, at, limits.key_concurrency,
                    LEAST(turn.want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers));
-            IF key_slots IS NOT NULL THEN
+            key_slots := coalesce(key_slots, '{}');
+            want := LEAST(turn.want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers))
+                    OPERATOR(pg_catalog.-) pg_catalog.cardinality(key_slots);
+            -- A key gets its slots as it needs them: the numbers it lacks, free and this take's
+            -- own until it commits. Two takes that make the same slot would wait on each other
+            -- (an inbox_lock's until its transaction ends): the one that cannot have the key's
+            -- advisory lock makes none this time.
+            IF want OPERATOR(pg_catalog.>) 0 AND pg_catalog.pg_try_advisory_xact_lock(
+                   (queue::pg_catalog.oid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
+                   OPERATOR(pg_catalog.|) (pg_catalog.hashtext(turn.key)::pg_catalog.int8
+                                           OPERATOR(pg_catalog.&) 4294967295)) THEN
+                WITH made AS (
+                    INSERT INTO @extschema@.inbox_queue_slots (queue, kind, key, slot)
+                    SELECT inbox__take_limited.queue, 'k', turn.key, g
+                      FROM pg_catalog.generate_series(1, limits.key_concurrency) AS g
+                     WHERE NOT EXISTS (SELECT FROM @extschema@.inbox_queue_slots e
+                                        WHERE e.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue
+                                          AND e.kind = 'k' AND e.key OPERATOR(pg_catalog.=) turn.key
+                                          AND e.slot OPERATOR(pg_catalog.=) g)
+                     LIMIT want
+                        ON CONFLICT DO NOTHING
+                    RETURNING slot)
+                SELECT key_slots OPERATOR(pg_catalog.||) ARRAY(SELECT made.slot FROM made) INTO key_slots;
+            END IF;
+            IF pg_catalog.cardinality(key_slots) OPERATOR(pg_catalog.>) 0 THEN
                 slot_keys := slot_keys OPERATOR(pg_catalog.||)
                              pg_catalog.array_fill(turn.key, ARRAY[pg_catalog.cardinality(key_slots)]);
                 slot_numbers := slot_numbers OPERATOR(pg_catalog.||) key_slots;
@@ -1197,21 +1218,26 @@ BEGIN
               INTO chosen, chosen_keys USING keys, at, wants;
         END IF;
         n := LEAST(n, coalesce(pg_catalog.cardinality(chosen), 0));
-        -- Now and then the free slots of the keys not served here go, so that keys seen once
-        -- leave no rows behind; a free slot is made again when its key next needs it. Leases
-        -- only: a lock would hold the deleted rows, which takes that make them wait on, for the
-        -- whole of its transaction.
+        -- Now and then the free slots last given more than 10 minutes ago go, so that keys seen
+        -- once leave no rows behind; a free slot is made again when its key next needs it, and
+        -- its key then counts as never served, which it nearly is: the keys' turns (when each
+        -- was last served) are kept for the last 10 minutes. Not the keys this take serves: the
+        -- slots it made for them are free until it gives them below. Leases only: a lock would
+        -- hold the deleted rows, which takes that make them wait on, for the whole of its
+        -- transaction.
         IF lease IS NOT NULL AND pg_catalog.random() OPERATOR(pg_catalog.<) 0.02 THEN
             EXECUTE pg_catalog.format(
                 'SELECT pg_catalog.array_agg(f.key), pg_catalog.array_agg(f.slot) FROM ( '
                 '  SELECT s.key, s.slot FROM @extschema@.inbox_queue_slots s '
                 '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' '
-                '     AND NOT (s.key OPERATOR(pg_catalog.=) ANY ($2)) AND NOT %s '
+                '     AND (s.started_at IS NULL OR s.started_at OPERATOR(pg_catalog.<) $2) AND NOT %s '
+                '     AND NOT (s.key OPERATOR(pg_catalog.=) ANY ($4)) '
                 '     FOR UPDATE OF s SKIP LOCKED) AS f',
                 @extschema@.inbox__slot_busy(queue, 's'))
-              INTO idle_keys, idle_slots USING queue, coalesce(keys, '{}'), at;
+              INTO idle_keys, idle_slots
+              USING queue, at OPERATOR(pg_catalog.-) '10 minutes'::pg_catalog.interval, at, slot_keys;
             DELETE FROM @extschema@.inbox_queue_slots d
-             USING @extschema@.inbox__still_free(queue, 'k', idle_keys, idle_slots, at) AS f
+             USING @extschema@.inbox__still_free(inbox__take_limited.queue, 'k', idle_keys, idle_slots, at) AS f
              WHERE d.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND d.kind = 'k'
                AND d.key OPERATOR(pg_catalog.=) f.key AND d.slot OPERATOR(pg_catalog.=) f.slot;
         END IF;
@@ -1232,33 +1258,38 @@ BEGIN
     END IF;
     -- Stamped after the jobs' leased_at: the next start of a rate slot is `per` after this one's.
     stamp := pg_catalog.clock_timestamp();
-    IF running IS NOT NULL THEN
-        UPDATE @extschema@.inbox_queue_slots s SET job = given.job, token = given.token, started_at = stamp
-          FROM ROWS FROM (pg_catalog.unnest(running[1:pg_catalog.cardinality(jobs)]),
-                          pg_catalog.unnest(jobs), pg_catalog.unnest(tokens)) AS given(slot, job, token)
-         WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'c' AND s.key = ''
-           AND s.slot OPERATOR(pg_catalog.=) given.slot;
-    END IF;
-    IF starts IS NOT NULL THEN
-        UPDATE @extschema@.inbox_queue_slots s SET started_at = stamp
-         WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'r' AND s.key = ''
-           AND s.slot OPERATOR(pg_catalog.=) ANY (starts[1:pg_catalog.cardinality(jobs)]);
-    END IF;
+    -- Each slot given is updated by its primary key (an UPDATE joined to the arrays would scan
+    -- every slot of the limit).
+    FOR i IN 1..pg_catalog.cardinality(jobs) LOOP
+        IF running IS NOT NULL THEN
+            UPDATE @extschema@.inbox_queue_slots s SET job = jobs[i], token = tokens[i], started_at = stamp
+             WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'c' AND s.key = ''
+               AND s.slot OPERATOR(pg_catalog.=) running[i];
+        END IF;
+        IF starts IS NOT NULL THEN
+            UPDATE @extschema@.inbox_queue_slots s SET started_at = stamp
+             WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'r' AND s.key = ''
+               AND s.slot OPERATOR(pg_catalog.=) starts[i];
+        END IF;
+    END LOOP;
     IF chosen IS NOT NULL THEN
         -- Each job taken gets one of the slots locked for its key.
-        UPDATE @extschema@.inbox_queue_slots s SET job = given.job, token = given.token, started_at = stamp
-          FROM (SELECT j.key, j.job, j.token, l.slot
-                  FROM (SELECT c.key, t.job, t.token,
-                               pg_catalog.row_number() OVER (PARTITION BY c.key ORDER BY t.job) AS nth
-                          FROM ROWS FROM (pg_catalog.unnest(jobs), pg_catalog.unnest(tokens)) AS t(job, token)
-                          JOIN ROWS FROM (pg_catalog.unnest(chosen), pg_catalog.unnest(chosen_keys)) AS c(job, key)
-                            ON c.job OPERATOR(pg_catalog.=) t.job) AS j
-                  JOIN (SELECT l.key, l.slot,
-                               pg_catalog.row_number() OVER (PARTITION BY l.key ORDER BY l.slot) AS nth
-                          FROM ROWS FROM (pg_catalog.unnest(slot_keys), pg_catalog.unnest(slot_numbers)) AS l(key, slot)) AS l
-                    ON l.key OPERATOR(pg_catalog.=) j.key AND l.nth OPERATOR(pg_catalog.=) j.nth) AS given
-         WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
-           AND s.key OPERATOR(pg_catalog.=) given.key AND s.slot OPERATOR(pg_catalog.=) given.slot;
+        FOR given IN
+            SELECT j.key, j.job, j.token, l.slot
+              FROM (SELECT c.key, t.job, t.token,
+                           pg_catalog.row_number() OVER (PARTITION BY c.key ORDER BY t.job) AS nth
+                      FROM ROWS FROM (pg_catalog.unnest(jobs), pg_catalog.unnest(tokens)) AS t(job, token)
+                      JOIN ROWS FROM (pg_catalog.unnest(chosen), pg_catalog.unnest(chosen_keys)) AS c(job, key)
+                        ON c.job OPERATOR(pg_catalog.=) t.job) AS j
+              JOIN (SELECT l.key, l.slot,
+                           pg_catalog.row_number() OVER (PARTITION BY l.key ORDER BY l.slot) AS nth
+                      FROM ROWS FROM (pg_catalog.unnest(slot_keys), pg_catalog.unnest(slot_numbers)) AS l(key, slot)) AS l
+                ON l.key OPERATOR(pg_catalog.=) j.key AND l.nth OPERATOR(pg_catalog.=) j.nth
+        LOOP
+            UPDATE @extschema@.inbox_queue_slots s SET job = given.job, token = given.token, started_at = stamp
+             WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'k'
+               AND s.key OPERATOR(pg_catalog.=) given.key AND s.slot OPERATOR(pg_catalog.=) given.slot;
+        END LOOP;
     END IF;
 END
 $$;
