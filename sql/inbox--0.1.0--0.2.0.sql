@@ -1013,13 +1013,10 @@ BEGIN
     IF key_concurrency IS NOT NULL THEN
         -- As above, leases only.
         EXECUTE pg_catalog.format(
-            'SELECT pg_catalog.count(DISTINCT s.key), coalesce(pg_catalog.max(per.n), 0) '
-            '  FROM @extschema@.inbox_queue_slots s, '
-            '       LATERAL (SELECT pg_catalog.count(*) AS n FROM @extschema@.inbox_queue_slots o '
-            '                 WHERE o.queue OPERATOR(pg_catalog.=) $1 AND o.kind = ''k'' '
-            '                   AND o.key OPERATOR(pg_catalog.=) s.key AND %s) AS per '
-            ' WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND %s',
-            @extschema@.inbox__slot_busy(queue, 'o'), @extschema@.inbox__slot_busy(queue, 's'))
+            'SELECT pg_catalog.count(*), coalesce(pg_catalog.max(per.n), 0) FROM ( '
+            '  SELECT pg_catalog.count(*) AS n FROM @extschema@.inbox_queue_slots s '
+            '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND %s GROUP BY s.key) AS per',
+            @extschema@.inbox__slot_busy(queue, 's'))
           INTO keys_running, most_running_per_key USING queue, key_concurrency, at;
     END IF;
     RETURN NEXT;

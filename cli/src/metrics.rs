@@ -74,7 +74,6 @@ struct OutboxGauges {
     oldest_publisher_age: f64,
 }
 
-/// What one scrape read.
 /// One limited queue's row of `inbox_limits()`.
 struct LimitGauges {
     queue: String,
@@ -88,6 +87,7 @@ struct LimitGauges {
     most_running_per_key: Option<i64>,
 }
 
+/// What one scrape read.
 struct Reading {
     queues: Vec<QueueGauges>,
     limits: Vec<LimitGauges>,
