@@ -777,6 +777,34 @@ $$;
 COMMENT ON FUNCTION inbox_cancel(pg_catalog.regclass, pg_catalog.int8) IS
     'Cancels a waiting or running job: it becomes dead with last_error ''cancelled'', and its running delivery is fenced.';
 
+CREATE OR REPLACE FUNCTION inbox_snooze(queue pg_catalog.regclass, id pg_catalog.int8,
+                                        token pg_catalog.int8,
+                                        delay pg_catalog.interval DEFAULT '0 seconds')
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                    WHERE a.attrelid = queue AND a.attname = 'snoozes' AND a.attnum > 0
+                      AND NOT a.attisdropped
+                      AND a.atttypid IN ('int2'::pg_catalog.regtype, 'int4'::pg_catalog.regtype,
+                                         'int8'::pg_catalog.regtype)) THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s cannot snooze jobs: it has no integer column "snoozes"', queue),
+            HINT = 'Add it: ALTER TABLE ... ADD COLUMN snoozes integer NOT NULL DEFAULT 0.';
+    END IF;
+    IF NOT @extschema@.inbox_retry(queue, id, token, delay) THEN
+        RETURN false;
+    END IF;
+    EXECUTE pg_catalog.format(
+        'UPDATE %s SET snoozes = COALESCE(snoozes, 0) OPERATOR(pg_catalog.+) 1 WHERE id = $1', queue)
+      USING id;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION inbox_snooze(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int8, pg_catalog.interval) IS
+    'Settles a delivery to run again after delay without spending an attempt (fenced by its token).';
+
 CREATE TABLE IF NOT EXISTS inbox_queue_slots (
     queue pg_catalog.regclass NOT NULL,
     kind "char" NOT NULL CHECK (kind OPERATOR(pg_catalog.=) ANY (ARRAY['c', 'r', 'k']::"char"[])),

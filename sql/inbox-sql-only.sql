@@ -213,6 +213,40 @@ $$;
 COMMENT ON FUNCTION inbox_cancel(pg_catalog.regclass, pg_catalog.int8) IS
     'Cancels a waiting or running job: it becomes dead with last_error ''cancelled'', and its running delivery is fenced.';
 
+-- Runs job `id` again after `delay` without spending an attempt (docs/sql-api.md, "Snoozing a
+-- job"). It is settled as a retry is, fenced by `token`: the lease or lock ends, the job keeps
+-- its place as its group's head, its last error stays, and it never dead-letters. Then the
+-- column snoozes counts it: a lease reports the attempt less the snoozes, while the token stays
+-- the count of deliveries, which only grows, so that a stale holder stays fenced. The row is
+-- locked by the retry until this transaction ends, so no lease sees one update without the other.
+CREATE OR REPLACE FUNCTION inbox_snooze(queue pg_catalog.regclass, id pg_catalog.int8,
+                                        token pg_catalog.int8,
+                                        delay pg_catalog.interval DEFAULT '0 seconds')
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM inbox__check_queue(queue);
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                    WHERE a.attrelid = queue AND a.attname = 'snoozes' AND a.attnum > 0
+                      AND NOT a.attisdropped
+                      AND a.atttypid IN ('int2'::pg_catalog.regtype, 'int4'::pg_catalog.regtype,
+                                         'int8'::pg_catalog.regtype)) THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s cannot snooze jobs: it has no integer column "snoozes"', queue),
+            HINT = 'Add it: ALTER TABLE ... ADD COLUMN snoozes integer NOT NULL DEFAULT 0.';
+    END IF;
+    IF NOT inbox_retry(queue, id, token, delay) THEN
+        RETURN false;
+    END IF;
+    EXECUTE pg_catalog.format(
+        'UPDATE %s SET snoozes = COALESCE(snoozes, 0) OPERATOR(pg_catalog.+) 1 WHERE id = $1', queue)
+      USING id;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION inbox_snooze(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int8, pg_catalog.interval) IS
+    'Settles a delivery to run again after delay without spending an attempt (fenced by its token).';
+
 -- ---- sql/shared/limits.sql ----
 
 -- Concurrency and rate limits (docs/sql-api.md, "Limits"), written once for both builds: the
@@ -1553,8 +1587,16 @@ BEGIN
             has_dead_at bool,
             has_run_at bool,
             groups bool,
-            dead_predicate text
+            dead_predicate text,
+            has_snoozes bool
         );
+    END IF;
+    -- Installed by an earlier version: the fields added since.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                    WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                       WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
+                      AND attname = 'has_snoozes' AND NOT attisdropped) THEN
+        ALTER TYPE inbox__queue_shape ADD ATTRIBUTE has_snoozes bool;
     END IF;
     IF pg_catalog.to_regtype('inbox__ledger_shape') IS NULL THEN
         CREATE TYPE inbox__ledger_shape AS (table_sql text);
@@ -1743,8 +1785,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
     t := inbox__checked_columns(queue, 'queue',
-        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at}',
-        'iitpxxtixtt', 4);
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes}',
+        'iitpxxtixtti', 4);
     shape.table_sql := t.table_sql;
     shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
     shape.nullable_locked_until := NOT t.not_nulls[3];
@@ -1755,6 +1797,7 @@ BEGIN
     shape.has_group_key := t.types[9] IS NOT NULL;
     shape.has_dead_at := t.types[10] IS NOT NULL;
     shape.has_run_at := t.types[11] IS NOT NULL;
+    shape.has_snoozes := t.types[12] IS NOT NULL;
     shape.groups := shape.has_group_key AND shape.has_dead_at;
     -- Only where a job can also wait in its group does dead_at tell the two apart.
     shape.dead_predicate := CASE WHEN shape.groups
@@ -2081,7 +2124,8 @@ BEGIN
             '    priority integer NOT NULL DEFAULT 0, '
             '    group_key pg_catalog.text, '
             '    run_at pg_catalog.timestamptz, '
-            '    dead_at pg_catalog.timestamptz '
+            '    dead_at pg_catalog.timestamptz, '
+            '    snoozes integer NOT NULL DEFAULT 0 '
             ') WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, '
             '        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, '
             '        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05)', queue);
@@ -2372,6 +2416,9 @@ DECLARE
     finite text := '';
     picked text;
     payloads text;
+    -- The deliveries that snoozed (inbox_snooze): a delivery reports its attempt less these,
+    -- while its token is the count, which only grows (statements.rs snoozes).
+    snoozes text;
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
@@ -2403,18 +2450,19 @@ BEGIN
     ELSE
         rank := '0::int8';
     END IF;
+    snoozes := CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END;
     IF shape.nullable_locked_until THEN
         picked := format(
-            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
+            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes FROM %2$s '
             ' WHERE (locked_until IS NULL OR (locked_until <= $2%3$s))@chosen@ '
             ' ORDER BY %1$s, locked_until NULLS FIRST, id LIMIT $1 FOR UPDATE SKIP LOCKED',
-            rank, shape.table_sql, finite);
+            rank, shape.table_sql, finite, snoozes);
     ELSE
         picked := format(
-            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
+            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes FROM %2$s '
             ' WHERE locked_until <= $2%3$s@chosen@ '
             ' ORDER BY %1$s, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED',
-            rank, shape.table_sql, finite);
+            rank, shape.table_sql, finite, snoozes);
     END IF;
     -- The jobs inbox__take_limited chose, the statement's last parameter: those of them that are due.
     IF chose IS NULL THEN
@@ -2427,7 +2475,7 @@ BEGIN
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
         RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
             inbox__prepared(format(
-                'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
+                'SELECT id::int8, (attempt + 1 - snoozes)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
                 payloads, picked), 'int4, timestamptz, int8[]'),
             max, clock_timestamp(), chose);
     ELSE
@@ -2435,11 +2483,11 @@ BEGIN
                          ELSE 'NULL::jsonb, taken.payload' END;
         RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
             inbox__prepared(format(
-                'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
+                'WITH next AS MATERIALIZED (SELECT id, rank, due, snoozes FROM (%1$s) AS picked), taken AS ( '
                 '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
                 '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
                 '    RETURNING q.id, q.attempt, q.payload) '
-                'SELECT taken.id::int8, taken.attempt::int4, taken.attempt::int8, %4$s '
+                'SELECT taken.id::int8, (taken.attempt - next.snoozes)::int4, taken.attempt::int8, %4$s '
                 '  FROM taken JOIN next ON next.id = taken.id '
                 ' ORDER BY next.rank, next.due%5$s, taken.id',
                 picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
@@ -2608,7 +2656,7 @@ RETURNS bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
-    dies constant text := 'attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END >= $5';
+    dies text;
     group_key text;
     applied bigint;
 BEGIN
@@ -2618,6 +2666,9 @@ BEGIN
     END IF;
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
+    -- Snoozed deliveries do not count (statements.rs retry).
+    dies := format('attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END - %s >= $5',
+                   CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END);
     -- A job retried keeps its place as its group's head; one dead-lettered hands it on.
     EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
         inbox__prepared(format(

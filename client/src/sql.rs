@@ -62,6 +62,11 @@ pub(crate) const QUEUE_FENCE: &str =
 pub(crate) const QUEUE_RETRY: &str = "SELECT inbox_retry($1::text::regclass, $2::int8, $3::int8, \
      make_interval(secs => $4::float8), $5::text, $6::int4)";
 
+/// `inbox_snooze(queue, id, token, delay)`.
+pub(crate) const QUEUE_SNOOZE: &str =
+    "SELECT inbox_snooze($1::text::regclass, $2::int8, $3::int8, \
+     make_interval(secs => $4::float8))";
+
 /// `inbox_dead(queue, id, token, reason)`.
 pub(crate) const QUEUE_DEAD: &str =
     "SELECT inbox_dead($1::text::regclass, $2::int8, $3::int8, $4::text)";

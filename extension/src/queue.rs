@@ -407,6 +407,8 @@ fn take(
         let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
         // A lease of one job takes and leases it in one statement; others lease what they took.
         let leases_in_take = lease.filter(|_| max == 1 && chose.is_none());
+        // The column after the take's others (`statements::snoozes`).
+        let snoozes_column = if chose.is_some() { 4 } else { 6 };
         let taken = match chose {
             Some(chose) => {
                 let plan =
@@ -418,26 +420,28 @@ fn take(
         };
         let deliveries: Vec<Delivery> = (0..taken)
             .map(|row| {
-                // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload),
-                // and SPI is still connected.
-                let (id, attempt, payload) = unsafe {
+                // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload,
+                // ..., int4 snoozes), and SPI is still connected.
+                let (id, attempt, payload, snoozes) = unsafe {
                     (
                         spi_result_datum(row, 1).map_or(0, |d| d.value() as i64),
                         spi_result_datum(row, 2).map_or(0, |d| d.value() as i32),
                         spi_result_datum(row, 3),
+                        spi_result_datum(row, snoozes_column).map_or(0, |d| d.value() as i32),
                     )
                 };
                 let (json, bytes) = match shape.payload {
                     Payload::Jsonb => (payload.map(Jsonb), None),
                     Payload::Bytea => (None, payload.map(Bytea)),
                 };
-                // A lock's token is negative: its attempt is counted when it is settled.
+                // A lock's token is negative: its attempt is counted when it is settled. The
+                // token is the count of deliveries; the attempt reported leaves out the snoozed.
                 let token = if lease.is_some() {
                     attempt as i64
                 } else {
                     -(attempt as i64)
                 };
-                (id, attempt, token, json, bytes)
+                (id, attempt - snoozes, token, json, bytes)
             })
             .collect();
         if let (Some(lease), None, false) = (lease, leases_in_take, deliveries.is_empty()) {

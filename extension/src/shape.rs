@@ -55,6 +55,8 @@ pub(crate) struct QueueShape {
     pub has_key: bool,
     pub has_last_error: bool,
     pub has_leased_at: bool,
+    /// Counts the deliveries snoozed (`inbox_snooze`): a lease reports `attempt - snoozes`.
+    pub has_snoozes: bool,
     /// Leases take the highest `priority` first.
     pub has_priority: bool,
     pub has_group_key: bool,
@@ -211,6 +213,7 @@ impl QueueShape {
             has_leased_at: table
                 .column(KIND, "leased_at", TIMESTAMPTZ, false)
                 .is_some(),
+            has_snoozes: table.column(KIND, "snoozes", INTEGERS, false).is_some(),
             has_priority: table.column(KIND, "priority", INTEGERS, false).is_some(),
             has_group_key: table.column(KIND, "group_key", TEXTS, false).is_some(),
             has_dead_at: table.column(KIND, "dead_at", TIMESTAMPTZ, false).is_some(),

@@ -70,7 +70,8 @@ pub(crate) fn create_queue(table: &str) -> String {
              priority integer NOT NULL DEFAULT 0, \
              group_key pg_catalog.text, \
              run_at pg_catalog.timestamptz, \
-             dead_at pg_catalog.timestamptz \
+             dead_at pg_catalog.timestamptz, \
+             snoozes integer NOT NULL DEFAULT 0 \
          ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, \
                  autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, \
                  autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05); \
@@ -235,6 +236,18 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
     }
 }
 
+/// The deliveries of the job (in `row`, `q.` or nothing) that snoozed rather than spent their
+/// attempt (`inbox_snooze`, sql/shared/controls.sql), 0 for a table that cannot snooze. A take
+/// returns them after its other columns: the attempt a delivery reports is its count less these,
+/// while its token stays the count, which only grows.
+fn snoozes(queue: &QueueShape, row: &str) -> String {
+    if queue.has_snoozes {
+        format!("COALESCE({row}snoozes, 0)::pg_catalog.int4")
+    } else {
+        "0::pg_catalog.int4".to_owned()
+    }
+}
+
 /// The rank by which leases order a table with priorities: higher priorities first.
 const PRIORITY_RANK: &str = "(OPERATOR(pg_catalog.-) priority::pg_catalog.int8)";
 
@@ -259,8 +272,8 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
     let (picked, args) = picked(queue, "$1");
     Sql {
         text: format!(
-            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, due, rank \
-               FROM ({picked}) AS picked"
+            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, due, rank, \
+                    snoozes FROM ({picked}) AS picked"
         ),
         args,
     }
@@ -281,10 +294,12 @@ pub(crate) fn take_chosen(queue: &QueueShape) -> Sql {
     } else {
         format!("locked_until {LE} $2 AND locked_until {LT} {INFINITY}")
     };
+    let snoozes = snoozes(queue, "");
     Sql {
         text: format!(
-            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload \
-               FROM (SELECT id, attempt, payload, {rank} AS rank, locked_until FROM {table} \
+            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, snoozes \
+               FROM (SELECT id, attempt, payload, {rank} AS rank, locked_until, {snoozes} AS snoozes \
+                       FROM {table} \
                       WHERE id {EQ} ANY ($1) AND {due} FOR UPDATE SKIP LOCKED) AS chosen \
               ORDER BY rank, locked_until NULLS FIRST, id"
         ),
@@ -300,9 +315,11 @@ fn picked(queue: &QueueShape, limit: &str) -> (String, Vec<Oid>) {
     } else {
         ("0::pg_catalog.int8", String::new())
     };
+    let snoozes = snoozes(queue, "");
     let scan = |condition: &str| {
         format!(
-            "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload FROM {table} \
+            "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload, {snoozes} AS snoozes \
+               FROM {table} \
               WHERE {condition} ORDER BY {rank}, locked_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
         )
     };
@@ -310,7 +327,8 @@ fn picked(queue: &QueueShape, limit: &str) -> (String, Vec<Oid>) {
         let due = format!("(locked_until IS NULL OR (locked_until {LE} $2{finite}))");
         (
             format!(
-                "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload FROM {table} \
+                "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload, \
+                        {snoozes} AS snoozes FROM {table} \
                   WHERE {due} ORDER BY {rank}, locked_until NULLS FIRST, id \
                   LIMIT {limit} FOR UPDATE SKIP LOCKED"
             ),
@@ -367,7 +385,7 @@ pub(crate) fn lease_one(queue: &QueueShape) -> Sql {
                FROM ({picked}) AS picked \
               WHERE q.id {EQ} picked.id \
           RETURNING q.id::pg_catalog.int8, q.attempt::pg_catalog.int4, q.payload, picked.due, \
-                    picked.rank",
+                    picked.rank, picked.snoozes",
             queue.table
         ),
         args,
@@ -477,10 +495,13 @@ fn release_columns(queue: &QueueShape, error_parameter: &str, dead: &str, now: &
     set
 }
 
-/// `$3` now, `$4` delay, `$5` max attempts (NULL: unlimited), `$6` error. A job retried keeps
-/// its place as its group's head; one dead-lettered hands it on.
+/// `$3` now, `$4` delay, `$5` max attempts (NULL: unlimited; snoozed deliveries do not count),
+/// `$6` error. A job retried keeps its place as its group's head; one dead-lettered hands it on.
 pub(crate) fn retry(queue: &QueueShape) -> Sql {
-    let dies = format!("(attempt {PLUS} {LOCKED_COUNT}) {GE} $5");
+    let dies = format!(
+        "(attempt {PLUS} {LOCKED_COUNT} {MINUS} {}) {GE} $5",
+        snoozes(queue, "")
+    );
     Sql {
         text: format!(
             "UPDATE {} SET attempt = attempt {PLUS} {LOCKED_COUNT}, \

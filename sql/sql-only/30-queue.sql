@@ -32,7 +32,8 @@ BEGIN
             '    priority integer NOT NULL DEFAULT 0, '
             '    group_key pg_catalog.text, '
             '    run_at pg_catalog.timestamptz, '
-            '    dead_at pg_catalog.timestamptz '
+            '    dead_at pg_catalog.timestamptz, '
+            '    snoozes integer NOT NULL DEFAULT 0 '
             ') WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, '
             '        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, '
             '        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05)', queue);
@@ -323,6 +324,9 @@ DECLARE
     finite text := '';
     picked text;
     payloads text;
+    -- The deliveries that snoozed (inbox_snooze): a delivery reports its attempt less these,
+    -- while its token is the count, which only grows (statements.rs snoozes).
+    snoozes text;
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
@@ -354,18 +358,19 @@ BEGIN
     ELSE
         rank := '0::int8';
     END IF;
+    snoozes := CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END;
     IF shape.nullable_locked_until THEN
         picked := format(
-            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
+            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes FROM %2$s '
             ' WHERE (locked_until IS NULL OR (locked_until <= $2%3$s))@chosen@ '
             ' ORDER BY %1$s, locked_until NULLS FIRST, id LIMIT $1 FOR UPDATE SKIP LOCKED',
-            rank, shape.table_sql, finite);
+            rank, shape.table_sql, finite, snoozes);
     ELSE
         picked := format(
-            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload FROM %2$s '
+            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes FROM %2$s '
             ' WHERE locked_until <= $2%3$s@chosen@ '
             ' ORDER BY %1$s, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED',
-            rank, shape.table_sql, finite);
+            rank, shape.table_sql, finite, snoozes);
     END IF;
     -- The jobs inbox__take_limited chose, the statement's last parameter: those of them that are due.
     IF chose IS NULL THEN
@@ -378,7 +383,7 @@ BEGIN
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
         RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
             inbox__prepared(format(
-                'SELECT id::int8, (attempt + 1)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
+                'SELECT id::int8, (attempt + 1 - snoozes)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
                 payloads, picked), 'int4, timestamptz, int8[]'),
             max, clock_timestamp(), chose);
     ELSE
@@ -386,11 +391,11 @@ BEGIN
                          ELSE 'NULL::jsonb, taken.payload' END;
         RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
             inbox__prepared(format(
-                'WITH next AS MATERIALIZED (SELECT id, rank, due FROM (%1$s) AS picked), taken AS ( '
+                'WITH next AS MATERIALIZED (SELECT id, rank, due, snoozes FROM (%1$s) AS picked), taken AS ( '
                 '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
                 '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
                 '    RETURNING q.id, q.attempt, q.payload) '
-                'SELECT taken.id::int8, taken.attempt::int4, taken.attempt::int8, %4$s '
+                'SELECT taken.id::int8, (taken.attempt - next.snoozes)::int4, taken.attempt::int8, %4$s '
                 '  FROM taken JOIN next ON next.id = taken.id '
                 ' ORDER BY next.rank, next.due%5$s, taken.id',
                 picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
@@ -559,7 +564,7 @@ RETURNS bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
-    dies constant text := 'attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END >= $5';
+    dies text;
     group_key text;
     applied bigint;
 BEGIN
@@ -569,6 +574,9 @@ BEGIN
     END IF;
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
+    -- Snoozed deliveries do not count (statements.rs retry).
+    dies := format('attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END - %s >= $5',
+                   CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END);
     -- A job retried keeps its place as its group's head; one dead-lettered hands it on.
     EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
         inbox__prepared(format(

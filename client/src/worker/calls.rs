@@ -123,6 +123,23 @@ pub(crate) async fn retry(
     .await
 }
 
+pub(crate) async fn snooze(
+    client: &Object,
+    statements: StatementMode,
+    queue: &str,
+    job: (i64, i64),
+    delay: Duration,
+) -> Result<bool, DbError> {
+    let seconds = delay.as_secs_f64();
+    one_bool(
+        client,
+        statements,
+        sql::QUEUE_SNOOZE,
+        &[&queue, &job.0, &job.1, &seconds],
+    )
+    .await
+}
+
 pub(crate) async fn dead(
     client: &Object,
     statements: StatementMode,

@@ -60,6 +60,13 @@ pub enum Outcome {
         /// Recorded in the job's `last_error`.
         reason: Option<String>,
     },
+    /// Run the job again after `after` without spending an attempt (its writes roll back, as for
+    /// a retry): the next delivery reports the same attempt, and `max_attempts` is not reached by
+    /// snoozing. Needs the queue's `snoozes` column (`inbox_create_queue` makes it).
+    Snooze {
+        /// The delay before the next delivery.
+        after: Duration,
+    },
     /// Dead-letter the job: it stays in the table, with `reason`, for an operator.
     Dead {
         /// Recorded in the job's `last_error`.
@@ -87,6 +94,11 @@ impl Outcome {
             after: Some(delay),
             reason: None,
         }
+    }
+
+    /// Run the job again after `delay` without spending an attempt ([`Outcome::Snooze`]).
+    pub fn snooze(delay: Duration) -> Self {
+        Outcome::Snooze { after: delay }
     }
 
     /// Dead-letter the job with `reason`; it will not run again.

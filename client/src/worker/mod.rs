@@ -172,6 +172,8 @@ pub struct WorkerStats {
     /// Deliveries run again at once, their attempt unspent, after a serialization failure
     /// (`40001`) or a deadlock (`40P01`) rolled their writes back.
     pub reran: u64,
+    /// Deliveries settled to run again later, their attempt unspent ([`Outcome::Snooze`]).
+    pub snoozed: u64,
 }
 
 #[derive(Default)]
@@ -182,6 +184,7 @@ struct Counters {
     failed: AtomicU64,
     lost: AtomicU64,
     reran: AtomicU64,
+    snoozed: AtomicU64,
 }
 
 impl Counters {
@@ -192,6 +195,7 @@ impl Counters {
         self.failed.fetch_add(tally.failed, Ordering::Relaxed);
         self.lost.fetch_add(tally.lost, Ordering::Relaxed);
         self.reran.fetch_add(tally.reran, Ordering::Relaxed);
+        self.snoozed.fetch_add(tally.snoozed, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> WorkerStats {
@@ -202,6 +206,7 @@ impl Counters {
             failed: self.failed.load(Ordering::Relaxed),
             lost: self.lost.load(Ordering::Relaxed),
             reran: self.reran.load(Ordering::Relaxed),
+            snoozed: self.snoozed.load(Ordering::Relaxed),
         }
     }
 }
@@ -798,6 +803,12 @@ async fn settle_failure(
     let fence = (job.id, job.token);
     match outcome {
         Outcome::Ack => Ok(true),
+        Outcome::Snooze { after } => {
+            let statements = shared.db.statement_mode();
+            let applied = calls::snooze(client, statements, &shared.queue, fence, after).await?;
+            tally.snoozed += u64::from(applied);
+            Ok(applied)
+        }
         Outcome::Dead { reason } => {
             let statements = shared.db.statement_mode();
             let applied = calls::dead(client, statements, &shared.queue, fence, &reason).await?;

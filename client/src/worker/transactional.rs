@@ -1004,6 +1004,7 @@ impl Group {
         for failure in self.failures.drain(..) {
             tally.retried += failure.tally.retried;
             tally.dead += failure.tally.dead;
+            tally.snoozed += failure.tally.snoozed;
             tally.failed += failure.tally.failed;
             tally.lost += failure.tally.lost;
             if failure.job.token < 0 {

@@ -25,6 +25,7 @@ mod pause;
 mod pooler;
 mod priorities;
 mod schedules;
+mod snooze;
 mod sql_conformance;
 mod sql_input;
 mod timeouts;
