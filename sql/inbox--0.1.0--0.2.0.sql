@@ -626,8 +626,10 @@ CREATE TABLE IF NOT EXISTS inbox_queue_controls (
     rate_limit pg_catalog.int4,
     rate_period pg_catalog.interval,
     key_concurrency pg_catalog.int4,
-    per_key pg_catalog.text
+    per_key pg_catalog.text,
+    unique_until pg_catalog.text
 );
+ALTER TABLE inbox_queue_controls ADD COLUMN IF NOT EXISTS unique_until pg_catalog.text;
 COMMENT ON TABLE inbox_queue_controls IS
     'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
@@ -804,6 +806,72 @@ END
 $$;
 COMMENT ON FUNCTION inbox_snooze(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int8, pg_catalog.interval) IS
     'Settles a delivery to run again after delay without spending an attempt (fenced by its token).';
+
+CREATE OR REPLACE FUNCTION inbox__key_predicate(queue pg_catalog.regclass) RETURNS pg_catalog.text
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT CASE (SELECT c.unique_until FROM @extschema@.inbox_queue_controls c WHERE c.queue = $1)
+               WHEN 'finished' THEN 'key IS NOT NULL AND dead_at IS NULL'
+               WHEN 'started' THEN
+                   'key IS NOT NULL AND dead_at IS NULL AND attempt OPERATOR(pg_catalog.=) 0'
+               ELSE 'key IS NOT NULL' END;
+END;
+
+CREATE OR REPLACE FUNCTION inbox_set_unique(queue pg_catalog.regclass, until pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    old pg_catalog.regclass;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    PERFORM @extschema@.inbox__required(until, 'until');
+    IF until NOT IN ('acked', 'finished', 'started') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('until must be ''acked'', ''finished'' or ''started'', not %L', until);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                    WHERE a.attrelid = queue AND a.attname = 'key' AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s has no column "key"', queue),
+            HINT = 'Add it: ALTER TABLE ... ADD COLUMN key text.';
+    END IF;
+    IF until <> 'acked' AND NOT EXISTS (
+        SELECT FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = queue AND a.attname = 'dead_at' AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s cannot free keys until %s: it has no column "dead_at"', queue, until),
+            HINT = 'Add it: ALTER TABLE ... ADD COLUMN dead_at timestamptz.';
+    END IF;
+    -- The unique indexes on (key) alone, whatever their predicate, give way to the new one.
+    FOR old IN
+        SELECT i.indexrelid::pg_catalog.regclass FROM pg_catalog.pg_index i
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attname = 'key'
+         WHERE i.indrelid = queue AND i.indisunique AND i.indnatts = 1
+           AND i.indkey[0] = a.attnum AND i.indexprs IS NULL
+    LOOP
+        EXECUTE pg_catalog.format('DROP INDEX %s', old);
+    END LOOP;
+    INSERT INTO @extschema@.inbox_queue_controls AS c (queue, unique_until)
+    VALUES (queue, NULLIF(until, 'acked'))
+    ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+    DO UPDATE SET unique_until = excluded.unique_until;
+    EXECUTE pg_catalog.format('CREATE UNIQUE INDEX ON %s (key) WHERE %s',
+                              queue, @extschema@.inbox__key_predicate(queue));
+END
+$$;
+COMMENT ON FUNCTION inbox_set_unique(pg_catalog.regclass, pg_catalog.text) IS
+    'Sets until when a job''s key stays unique: acked (default), finished (acked or dead) or started (first delivery).';
+
+CREATE OR REPLACE FUNCTION inbox_unique_until(queue pg_catalog.regclass) RETURNS pg_catalog.text
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    RETURN COALESCE((SELECT c.unique_until FROM @extschema@.inbox_queue_controls c
+                      WHERE c.queue = inbox_unique_until.queue), 'acked');
+END
+$$;
+COMMENT ON FUNCTION inbox_unique_until(pg_catalog.regclass) IS
+    'Until when a job''s key stays unique: acked, finished or started.';
 
 CREATE TABLE IF NOT EXISTS inbox_queue_slots (
     queue pg_catalog.regclass NOT NULL,

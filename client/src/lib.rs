@@ -94,7 +94,9 @@ pub use error::{DbError, ErrorKind};
 pub use inbox::Inbox;
 pub use mode::StatementMode;
 pub use pg::{PgDatabase, DATABASE_URL};
-pub use queue::{BatchOptions, DeadJob, EnqueueOptions, Queue, QueueLimits, QueueStats, RateLimit};
+pub use queue::{
+    BatchOptions, DeadJob, EnqueueOptions, Queue, QueueLimits, QueueStats, RateLimit, UniqueUntil,
+};
 pub use rows::{FromValue, Row, Rows};
 pub use schedule::Schedule;
 pub use statement::{Statement, Value};

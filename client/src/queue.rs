@@ -388,6 +388,39 @@ impl Queue {
         db.query(&statement).await.map(drop)
     }
 
+    /// Sets until when a job's key stays unique, once `db`'s transaction commits: an enqueue of
+    /// a key that a job holds inserts nothing (and returns `None`), concurrent enqueues of one
+    /// key insert it once. It replaces the queue's unique index on `key` (as the queue's owner;
+    /// it waits for the queue's writers).
+    ///
+    /// # Errors
+    /// The database's error (`23505` when jobs already queued hold one key under the new rule,
+    /// which then changes nothing; `42703` for a table without `key`, or without `dead_at` for
+    /// [`UniqueUntil::Finished`] and [`UniqueUntil::Started`]; `42501` for a role that does not
+    /// own the queue).
+    pub async fn set_unique(&self, db: &dyn Database, until: UniqueUntil) -> Result<(), DbError> {
+        let statement = Statement::new(sql::QUEUE_SET_UNIQUE)
+            .bind(self.table.as_str())
+            .bind(until.as_sql());
+        db.query(&statement).await.map(drop)
+    }
+
+    /// Until when a job's key stays unique.
+    ///
+    /// # Errors
+    /// The database's error.
+    pub async fn unique_until(&self, db: &dyn Database) -> Result<UniqueUntil, DbError> {
+        let statement = Statement::new(sql::QUEUE_UNIQUE_UNTIL).bind(self.table.as_str());
+        let rows = db.query(&statement).await?;
+        let until: String = rows.one()?.get("inbox_unique_until")?;
+        UniqueUntil::from_sql(&until).ok_or_else(|| {
+            DbError::new(
+                crate::error::ErrorKind::Other,
+                format!("unexpected unique rule {until}"),
+            )
+        })
+    }
+
     /// The queue's limits and how much of them is in use.
     ///
     /// # Errors
@@ -504,5 +537,33 @@ impl Queue {
             dead: row.get("dead")?,
             paused: row.get("paused")?,
         })
+    }
+}
+
+/// Until when a job's key stays unique ([`Queue::set_unique`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UniqueUntil {
+    /// While the job exists: waiting, running, retrying or dead-lettered (the default).
+    Acked,
+    /// Until it is acked or dead-lettered: a dead job frees its key.
+    Finished,
+    /// Until its first delivery starts: a key can be queued again while its job runs (with
+    /// [`Claim::Lock`](crate::worker::Claim::Lock), once the locking transaction commits).
+    Started,
+}
+
+impl UniqueUntil {
+    fn as_sql(self) -> &'static str {
+        match self {
+            UniqueUntil::Acked => "acked",
+            UniqueUntil::Finished => "finished",
+            UniqueUntil::Started => "started",
+        }
+    }
+
+    fn from_sql(until: &str) -> Option<Self> {
+        [Self::Acked, Self::Finished, Self::Started]
+            .into_iter()
+            .find(|rule| rule.as_sql() == until)
     }
 }

@@ -142,6 +142,12 @@ pub(crate) const QUEUE_PAUSED_SINCE: &str =
 pub(crate) const QUEUE_SET_CONCURRENCY: &str =
     "SELECT inbox_set_concurrency($1::text::regclass, $2::int4)";
 
+/// `inbox_set_unique(queue, until)`: until when a job's key stays unique.
+pub(crate) const QUEUE_SET_UNIQUE: &str = "SELECT inbox_set_unique($1::text::regclass, $2::text)";
+
+/// `inbox_unique_until(queue)`.
+pub(crate) const QUEUE_UNIQUE_UNTIL: &str = "SELECT inbox_unique_until($1::text::regclass)";
+
 /// `inbox_set_rate_limit(queue, n, per)`: at most n starts in any window of `per` seconds.
 pub(crate) const QUEUE_SET_RATE_LIMIT: &str = "SELECT inbox_set_rate_limit($1::text::regclass, \
      $2::int4, make_interval(secs => $3::float8))";

@@ -171,6 +171,21 @@ thread_local! {
     static SCHEMA: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
+/// The predicate of the queue's unique index on `key` (`inbox__key_predicate`,
+/// sql/shared/controls.sql), which an enqueue's ON CONFLICT clause names so that it is inferred.
+pub(crate) fn key_predicate(client: &SpiClient<'_>, queue: Oid) -> String {
+    let schema = schema(client);
+    client
+        .select(
+            &format!("SELECT {schema}.inbox__key_predicate($1)"),
+            None,
+            &[crate::datum::RegClass(queue).into()],
+        )
+        .and_then(|rows| rows.first().get_one::<String>())
+        .unwrap_or_else(|e| internal(e))
+        .unwrap_or_else(|| "key IS NOT NULL".to_owned())
+}
+
 /// The extension's schema, quoted.
 fn schema(client: &SpiClient<'_>) -> String {
     SCHEMA.with(|cached| {

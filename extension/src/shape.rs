@@ -53,6 +53,8 @@ pub(crate) struct QueueShape {
     /// A user's table may leave `locked_until` NULL for a job that is due.
     pub nullable_locked_until: bool,
     pub has_key: bool,
+    /// Where it has a key: the predicate of its unique index on `key` (`inbox_set_unique`).
+    pub key_predicate: String,
     pub has_last_error: bool,
     pub has_leased_at: bool,
     /// Counts the deliveries snoozed (`inbox_snooze`): a lease reports `attempt - snoozes`.
@@ -202,13 +204,19 @@ impl QueueShape {
         table.column(KIND, "attempt", INTEGERS, true);
         let locked_until = table.column(KIND, "locked_until", TIMESTAMPTZ, true);
         let payload = table.column(KIND, "payload", &[pg_sys::JSONBOID, pg_sys::BYTEAOID], true);
+        let has_key = table.column(KIND, "key", TEXTS, false).is_some();
         QueueShape {
             payload: match payload.map(|column| column.type_oid) {
                 Some(pg_sys::BYTEAOID) => Payload::Bytea,
                 _ => Payload::Jsonb,
             },
             nullable_locked_until: !locked_until.is_some_and(|column| column.not_null),
-            has_key: table.column(KIND, "key", TEXTS, false).is_some(),
+            has_key,
+            key_predicate: if has_key {
+                crate::controls::key_predicate(client, oid)
+            } else {
+                String::new()
+            },
             has_last_error: table.column(KIND, "last_error", TEXTS, false).is_some(),
             has_leased_at: table
                 .column(KIND, "leased_at", TIMESTAMPTZ, false)

@@ -118,12 +118,16 @@ pub(crate) fn purge(ledger: &LedgerShape) -> Sql {
     }
 }
 
-/// The ON CONFLICT clause that makes a queued key insert nothing, where the table has keys.
-fn on_key_conflict(queue: &QueueShape) -> &'static str {
+/// The ON CONFLICT clause that makes a queued key insert nothing, where the table has keys: it
+/// names the predicate of the queue's unique index on `key`, so that the index is inferred.
+fn on_key_conflict(queue: &QueueShape) -> String {
     if queue.has_key {
-        " ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING"
+        format!(
+            " ON CONFLICT (key) WHERE {} DO NOTHING",
+            queue.key_predicate
+        )
     } else {
-        ""
+        String::new()
     }
 }
 

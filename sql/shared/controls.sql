@@ -22,8 +22,13 @@ CREATE TABLE IF NOT EXISTS inbox_queue_controls (
     -- The limit per key: how many jobs of one key may run at once, the key being the payload's
     -- field per_key (NULL for none).
     key_concurrency pg_catalog.int4,
-    per_key pg_catalog.text
+    per_key pg_catalog.text,
+    -- Until when a job's key stays unique (inbox_set_unique): 'started' or 'finished'; NULL
+    -- for 'acked', the default.
+    unique_until pg_catalog.text
 );
+-- Installed by an earlier version: the columns added since.
+ALTER TABLE inbox_queue_controls ADD COLUMN IF NOT EXISTS unique_until pg_catalog.text;
 COMMENT ON TABLE inbox_queue_controls IS
     'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
@@ -222,3 +227,83 @@ END
 $$;
 COMMENT ON FUNCTION inbox_snooze(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int8, pg_catalog.interval) IS
     'Settles a delivery to run again after delay without spending an attempt (fenced by its token).';
+
+-- Unique keys (docs/sql-api.md, "Unique keys"). A queue's key is unique through its unique index
+-- on (key), whose predicate says in which states a job holds its key:
+--   acked     while the job exists: waiting, running, retrying or dead (the default);
+--   finished  until it is acked or dead-lettered: a dead job frees its key;
+--   started   until its first delivery is counted (attempt 0), and not once it is dead.
+-- The index is the only arbiter, so concurrent enqueues of one key insert it once (ON CONFLICT
+-- waits for an uncommitted insert of the key, or for the lease that takes it out of the index).
+-- Enqueues name the same predicate in their ON CONFLICT clause (inbox__key_predicate), so that
+-- the partial index is inferred; it is spelled with pg_catalog's operators, whatever the path.
+CREATE OR REPLACE FUNCTION inbox__key_predicate(queue pg_catalog.regclass) RETURNS pg_catalog.text
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT CASE (SELECT c.unique_until FROM @extschema@.inbox_queue_controls c WHERE c.queue = $1)
+               WHEN 'finished' THEN 'key IS NOT NULL AND dead_at IS NULL'
+               WHEN 'started' THEN
+                   'key IS NOT NULL AND dead_at IS NULL AND attempt OPERATOR(pg_catalog.=) 0'
+               ELSE 'key IS NOT NULL' END;
+END;
+
+-- Sets until when the keys of `queue` stay unique ('acked', 'finished' or 'started'): replaces
+-- the queue's unique index on (key) by one whose predicate says it, in this transaction (as the
+-- queue's owner; it waits for the queue's writers). Jobs already queued that the new index
+-- would refuse make it fail with 23505, changing nothing.
+CREATE OR REPLACE FUNCTION inbox_set_unique(queue pg_catalog.regclass, until pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    old pg_catalog.regclass;
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    PERFORM @extschema@.inbox__required(until, 'until');
+    IF until NOT IN ('acked', 'finished', 'started') THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('until must be ''acked'', ''finished'' or ''started'', not %L', until);
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                    WHERE a.attrelid = queue AND a.attname = 'key' AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s has no column "key"', queue),
+            HINT = 'Add it: ALTER TABLE ... ADD COLUMN key text.';
+    END IF;
+    IF until <> 'acked' AND NOT EXISTS (
+        SELECT FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = queue AND a.attname = 'dead_at' AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION USING ERRCODE = '42703',
+            MESSAGE = pg_catalog.format('%s cannot free keys until %s: it has no column "dead_at"', queue, until),
+            HINT = 'Add it: ALTER TABLE ... ADD COLUMN dead_at timestamptz.';
+    END IF;
+    -- The unique indexes on (key) alone, whatever their predicate, give way to the new one.
+    FOR old IN
+        SELECT i.indexrelid::pg_catalog.regclass FROM pg_catalog.pg_index i
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attname = 'key'
+         WHERE i.indrelid = queue AND i.indisunique AND i.indnatts = 1
+           AND i.indkey[0] = a.attnum AND i.indexprs IS NULL
+    LOOP
+        EXECUTE pg_catalog.format('DROP INDEX %s', old);
+    END LOOP;
+    INSERT INTO @extschema@.inbox_queue_controls AS c (queue, unique_until)
+    VALUES (queue, NULLIF(until, 'acked'))
+    ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
+    DO UPDATE SET unique_until = excluded.unique_until;
+    EXECUTE pg_catalog.format('CREATE UNIQUE INDEX ON %s (key) WHERE %s',
+                              queue, @extschema@.inbox__key_predicate(queue));
+END
+$$;
+COMMENT ON FUNCTION inbox_set_unique(pg_catalog.regclass, pg_catalog.text) IS
+    'Sets until when a job''s key stays unique: acked (default), finished (acked or dead) or started (first delivery).';
+
+-- Until when the keys of `queue` stay unique: 'acked', 'finished' or 'started'.
+CREATE OR REPLACE FUNCTION inbox_unique_until(queue pg_catalog.regclass) RETURNS pg_catalog.text
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM @extschema@.inbox__check_queue(queue);
+    RETURN COALESCE((SELECT c.unique_until FROM @extschema@.inbox_queue_controls c
+                      WHERE c.queue = inbox_unique_until.queue), 'acked');
+END
+$$;
+COMMENT ON FUNCTION inbox_unique_until(pg_catalog.regclass) IS
+    'Until when a job''s key stays unique: acked, finished or started.';

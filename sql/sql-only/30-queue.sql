@@ -144,9 +144,14 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION inbox__on_key_conflict(shape inbox__queue_shape) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
-RETURN CASE WHEN shape.has_key THEN ' ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING' ELSE '' END;
+-- The ON CONFLICT clause of an enqueue (statements.rs on_key_conflict): it names the predicate of
+-- the queue's unique index on key (inbox_set_unique, sql/shared/controls.sql).
+DROP FUNCTION IF EXISTS inbox__on_key_conflict(inbox__queue_shape);
+CREATE OR REPLACE FUNCTION inbox__on_key_conflict(queue regclass, shape inbox__queue_shape) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT
+RETURN CASE WHEN shape.has_key
+            THEN format(' ON CONFLICT (key) WHERE %s DO NOTHING', inbox__key_predicate(queue))
+            ELSE '' END;
 
 CREATE OR REPLACE FUNCTION inbox__enqueue(queue regclass, payload anyelement, kind text,
                                           run_at timestamptz, key text, priority int, group_key text)
@@ -180,7 +185,7 @@ BEGIN
     added := inbox__enqueue_columns(shape, '$3', '$5', '$6');
     EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
         inbox__prepared(format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
-                               shape.table_sql, added.columns, added."values", inbox__on_key_conflict(shape)),
+                               shape.table_sql, added.columns, added."values", inbox__on_key_conflict(queue, shape)),
                         kind || ', timestamptz, text, int4, text, timestamptz'),
         payload, locked_until, key, priority, group_key, run_at)
       INTO id;
@@ -274,7 +279,7 @@ BEGIN
             'SELECT coalesce(array_agg(id), ''{}'') FROM inserted',
             shape.table_sql, added.columns,
             CASE WHEN shape.groups THEN 'CASE WHEN u.group_key IS NULL THEN $2 ELSE ''infinity'' END' ELSE '$2' END,
-            added."values", inbox__on_key_conflict(shape)),
+            added."values", inbox__on_key_conflict(queue, shape)),
             kind || '[], timestamptz, text[], int4, text[]'),
         payloads, run_at, keys, priority, group_keys)
       INTO ids;

@@ -29,6 +29,7 @@ mod snooze;
 mod sql_conformance;
 mod sql_input;
 mod timeouts;
+mod unique;
 mod wakeups;
 mod worker;
 mod worker_resilience;
