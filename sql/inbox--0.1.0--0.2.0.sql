@@ -6,6 +6,8 @@ DROP FUNCTION "inbox_enqueue"(regclass, bytea, timestamp with time zone, text);
 DROP FUNCTION "inbox_enqueue"(regclass, jsonb, timestamp with time zone, text);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, bytea[], timestamp with time zone, text[]);
 DROP FUNCTION "inbox_enqueue_batch"(regclass, jsonb[], timestamp with time zone, text[]);
+DROP FUNCTION "inbox_lease"(regclass, INT, interval);
+DROP FUNCTION "inbox_lock"(regclass, INT);
 DROP FUNCTION "inbox_stats"(regclass);
 
 CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
@@ -1179,10 +1181,11 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox__take_limited(pg_catalog.regclass, pg_catalog.int4, pg_catalog.interval);
 CREATE OR REPLACE FUNCTION inbox__take_limited(queue pg_catalog.regclass, max pg_catalog.int4,
                                                lease pg_catalog.interval)
 RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, token pg_catalog.int8,
-              payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea)
+              payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea, timeout pg_catalog.interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -1338,8 +1341,8 @@ BEGIN
     IF n OPERATOR(pg_catalog.<) 1 THEN
         RETURN;
     END IF;
-    FOR id, attempt, token, payload, payload_bytes IN
-        SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes
+    FOR id, attempt, token, payload, payload_bytes, timeout IN
+        SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes, t.timeout
           FROM @extschema@.inbox__take_unlimited(queue, n, lease, chosen) AS t
     LOOP
         jobs := jobs OPERATOR(pg_catalog.||) id;
@@ -1476,7 +1479,8 @@ CREATE OR REPLACE FUNCTION "inbox__take_unlimited"(
 	"attempt" INT,  /* i32 */
 	"token" bigint,  /* i64 */
 	"payload" jsonb,  /* Option < Jsonb > */
-	"payload_bytes" bytea  /* Option < Bytea > */
+	"payload_bytes" bytea,  /* Option < Bytea > */
+	"timeout" interval  /* Option < Interval > */
 )
 VOLATILE PARALLEL UNSAFE 
 LANGUAGE c /* Rust */
@@ -1590,7 +1594,8 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue"(
 	"run_at" timestamp with time zone DEFAULT now(), /* Option < TimestampWithTimeZone > */
 	"key" text DEFAULT NULL, /* Option < Text > */
 	"priority" INT DEFAULT 0, /* Option < i32 > */
-	"group_key" TEXT DEFAULT NULL /* Option < String > */
+	"group_key" TEXT DEFAULT NULL, /* Option < String > */
+	"timeout" interval DEFAULT NULL /* Option < Interval > */
 ) RETURNS bigint /* Option < i64 > */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -1602,7 +1607,8 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue_batch"(
 	"run_at" timestamp with time zone DEFAULT now(), /* Option < TimestampWithTimeZone > */
 	"keys" text[] DEFAULT NULL, /* Option < TextArray > */
 	"priority" INT DEFAULT 0, /* Option < i32 > */
-	"group_keys" text[] DEFAULT NULL /* Option < TextArray > */
+	"group_keys" text[] DEFAULT NULL, /* Option < TextArray > */
+	"timeout" interval DEFAULT NULL /* Option < Interval > */
 ) RETURNS SETOF bigint /* i64 */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -1614,7 +1620,8 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue_batch_bytes"(
 	"run_at" timestamp with time zone DEFAULT now(), /* Option < TimestampWithTimeZone > */
 	"keys" text[] DEFAULT NULL, /* Option < TextArray > */
 	"priority" INT DEFAULT 0, /* Option < i32 > */
-	"group_keys" text[] DEFAULT NULL /* Option < TextArray > */
+	"group_keys" text[] DEFAULT NULL, /* Option < TextArray > */
+	"timeout" interval DEFAULT NULL /* Option < Interval > */
 ) RETURNS SETOF bigint /* i64 */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -1626,7 +1633,8 @@ CREATE OR REPLACE FUNCTION "inbox_enqueue_bytes"(
 	"run_at" timestamp with time zone DEFAULT now(), /* Option < TimestampWithTimeZone > */
 	"key" text DEFAULT NULL, /* Option < Text > */
 	"priority" INT DEFAULT 0, /* Option < i32 > */
-	"group_key" TEXT DEFAULT NULL /* Option < String > */
+	"group_key" TEXT DEFAULT NULL, /* Option < String > */
+	"timeout" interval DEFAULT NULL /* Option < Interval > */
 ) RETURNS bigint /* Option < i64 > */
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -1678,7 +1686,8 @@ CREATE OR REPLACE FUNCTION "inbox_lease"(
 	"attempt" INT,  /* i32 */
 	"token" bigint,  /* i64 */
 	"payload" jsonb,  /* Option < Jsonb > */
-	"payload_bytes" bytea  /* Option < Bytea > */
+	"payload_bytes" bytea,  /* Option < Bytea > */
+	"timeout" interval  /* Option < Interval > */
 )
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
@@ -1692,7 +1701,8 @@ CREATE OR REPLACE FUNCTION "inbox_lock"(
 	"attempt" INT,  /* i32 */
 	"token" bigint,  /* i64 */
 	"payload" jsonb,  /* Option < Jsonb > */
-	"payload_bytes" bytea  /* Option < Bytea > */
+	"payload_bytes" bytea,  /* Option < Bytea > */
+	"timeout" interval  /* Option < Interval > */
 )
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */

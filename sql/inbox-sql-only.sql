@@ -704,10 +704,11 @@ $$;
 
 -- The lease (`lease` set) or lock (NULL) of a queue that has limits: as many due jobs as it
 -- can give a slot of every limit, at most `max`.
+DROP FUNCTION IF EXISTS inbox__take_limited(pg_catalog.regclass, pg_catalog.int4, pg_catalog.interval);
 CREATE OR REPLACE FUNCTION inbox__take_limited(queue pg_catalog.regclass, max pg_catalog.int4,
                                                lease pg_catalog.interval)
 RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, token pg_catalog.int8,
-              payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea)
+              payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea, timeout pg_catalog.interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -863,8 +864,8 @@ BEGIN
     IF n OPERATOR(pg_catalog.<) 1 THEN
         RETURN;
     END IF;
-    FOR id, attempt, token, payload, payload_bytes IN
-        SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes
+    FOR id, attempt, token, payload, payload_bytes, timeout IN
+        SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes, t.timeout
           FROM inbox__take_unlimited(queue, n, lease, chosen) AS t
     LOOP
         jobs := jobs OPERATOR(pg_catalog.||) id;
@@ -1673,7 +1674,8 @@ BEGIN
             has_run_at bool,
             groups bool,
             dead_predicate text,
-            has_snoozes bool
+            has_snoozes bool,
+            has_timeout bool
         );
     END IF;
     -- Installed by an earlier version: the fields added since.
@@ -1682,6 +1684,12 @@ BEGIN
                                        WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
                       AND attname = 'has_snoozes' AND NOT attisdropped) THEN
         ALTER TYPE inbox__queue_shape ADD ATTRIBUTE has_snoozes bool;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                    WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                       WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
+                      AND attname = 'has_timeout' AND NOT attisdropped) THEN
+        ALTER TYPE inbox__queue_shape ADD ATTRIBUTE has_timeout bool;
     END IF;
     IF pg_catalog.to_regtype('inbox__ledger_shape') IS NULL THEN
         CREATE TYPE inbox__ledger_shape AS (table_sql text);
@@ -1846,6 +1854,7 @@ BEGIN
                         WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
                         WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
                         WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
+                        WHEN 'v' THEN '{1186}'::oid[]       -- interval
                         ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
         IF NOT found_types[at] = ANY (accepted) THEN
             RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
@@ -1870,8 +1879,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
     t := inbox__checked_columns(queue, 'queue',
-        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes}',
-        'iitpxxtixtti', 4);
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout}',
+        'iitpxxtixttiv', 4);
     shape.table_sql := t.table_sql;
     shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
     shape.nullable_locked_until := NOT t.not_nulls[3];
@@ -1883,6 +1892,7 @@ BEGIN
     shape.has_dead_at := t.types[10] IS NOT NULL;
     shape.has_run_at := t.types[11] IS NOT NULL;
     shape.has_snoozes := t.types[12] IS NOT NULL;
+    shape.has_timeout := t.types[13] IS NOT NULL;
     shape.groups := shape.has_group_key AND shape.has_dead_at;
     -- Only where a job can also wait in its group does dead_at tell the two apart.
     shape.dead_predicate := CASE WHEN shape.groups
@@ -2210,7 +2220,8 @@ BEGIN
             '    group_key pg_catalog.text, '
             '    run_at pg_catalog.timestamptz, '
             '    dead_at pg_catalog.timestamptz, '
-            '    snoozes integer NOT NULL DEFAULT 0 '
+            '    snoozes integer NOT NULL DEFAULT 0, '
+            '    timeout pg_catalog.interval '
             ') WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, '
             '        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, '
             '        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05)', queue);
@@ -2296,8 +2307,10 @@ END
 $$;
 
 -- The optional columns an enqueue writes and the expressions it writes there.
+DROP FUNCTION IF EXISTS inbox__enqueue_columns(inbox__queue_shape, text, text, text);
 CREATE OR REPLACE FUNCTION inbox__enqueue_columns(shape inbox__queue_shape, key text, group_key text,
-                                                  run_at text, OUT columns text, OUT "values" text)
+                                                  run_at text, timeout text,
+                                                  OUT columns text, OUT "values" text)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     columns := '';
@@ -2318,6 +2331,10 @@ BEGIN
         columns := columns || ', run_at';
         "values" := "values" || ', ' || run_at;
     END IF;
+    IF shape.has_timeout THEN
+        columns := columns || ', timeout';
+        "values" := "values" || ', ' || timeout;
+    END IF;
 END
 $$;
 
@@ -2330,8 +2347,25 @@ RETURN CASE WHEN shape.has_key
             THEN format(' ON CONFLICT (key) WHERE %s DO NOTHING', inbox__key_predicate(queue))
             ELSE '' END;
 
+-- 42703 for a timeout sent to a queue without the column, 22023 for one that is not positive.
+CREATE OR REPLACE FUNCTION inbox__check_timeout(shape inbox__queue_shape, timeout interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF timeout IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM inbox__check_interval(timeout, 'timeout', false);
+    IF NOT shape.has_timeout THEN
+        RAISE EXCEPTION USING ERRCODE = '42703', MESSAGE = format('queue %s has no column "%s" %s',
+            shape.table_sql, 'timeout', 'to keep a timeout in');
+    END IF;
+END
+$$;
+
+DROP FUNCTION IF EXISTS inbox__enqueue(regclass, anyelement, text, timestamptz, text, int, text);
 CREATE OR REPLACE FUNCTION inbox__enqueue(queue regclass, payload anyelement, kind text,
-                                          run_at timestamptz, key text, priority int, group_key text)
+                                          run_at timestamptz, key text, priority int, group_key text,
+                                          timeout interval)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
@@ -2351,6 +2385,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'priority must not be NULL';
     END IF;
     shape := inbox__check_enqueue(queue, kind, key IS NOT NULL, priority <> 0, group_key IS NOT NULL);
+    PERFORM inbox__check_timeout(shape, timeout);
     -- A job of a group whose head is there (or that has jobs waiting) waits its turn.
     locked_until := run_at;
     IF group_key IS NOT NULL THEN
@@ -2359,35 +2394,37 @@ BEGIN
             locked_until := 'infinity';
         END IF;
     END IF;
-    added := inbox__enqueue_columns(shape, '$3', '$5', '$6');
-    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+    added := inbox__enqueue_columns(shape, '$3', '$5', '$6', '$7');
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L)',
         inbox__prepared(format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
                                shape.table_sql, added.columns, added."values", inbox__on_key_conflict(queue, shape)),
-                        kind || ', timestamptz, text, int4, text, timestamptz'),
-        payload, locked_until, key, priority, group_key, run_at)
+                        kind || ', timestamptz, text, int4, text, timestamptz, interval'),
+        payload, locked_until, key, priority, group_key, run_at, timeout)
       INTO id;
     PERFORM inbox__notify(queue);
     RETURN id;
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox_enqueue(regclass, jsonb, timestamptz, text, int, text);
 CREATE OR REPLACE FUNCTION inbox_enqueue(queue regclass, payload jsonb, run_at timestamptz DEFAULT now(),
                                          key text DEFAULT NULL, priority int DEFAULT 0,
-                                         group_key text DEFAULT NULL)
+                                         group_key text DEFAULT NULL, timeout interval DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    RETURN inbox__enqueue(queue, payload, 'jsonb', run_at, key, priority, group_key);
+    RETURN inbox__enqueue(queue, payload, 'jsonb', run_at, key, priority, group_key, timeout);
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox_enqueue_bytes(regclass, bytea, timestamptz, text, int, text);
 CREATE OR REPLACE FUNCTION inbox_enqueue_bytes(queue regclass, payload bytea, run_at timestamptz DEFAULT now(),
                                                key text DEFAULT NULL, priority int DEFAULT 0,
-                                               group_key text DEFAULT NULL)
+                                               group_key text DEFAULT NULL, timeout interval DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    RETURN inbox__enqueue(queue, payload, 'bytea', run_at, key, priority, group_key);
+    RETURN inbox__enqueue(queue, payload, 'bytea', run_at, key, priority, group_key, timeout);
 END
 $$;
 
@@ -2402,9 +2439,10 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox__enqueue_batch(regclass, anyarray, text, timestamptz, text[], int, text[]);
 CREATE OR REPLACE FUNCTION inbox__enqueue_batch(queue regclass, payloads anyarray, kind text,
                                                 run_at timestamptz, keys text[], priority int,
-                                                group_keys text[])
+                                                group_keys text[], timeout interval)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
@@ -2441,13 +2479,14 @@ BEGIN
         END IF;
     END IF;
     shape := inbox__check_enqueue(queue, kind, keys IS NOT NULL, priority <> 0, group_keys IS NOT NULL);
+    PERFORM inbox__check_timeout(shape, timeout);
     IF group_keys IS NOT NULL THEN
         PERFORM inbox__group_lock(queue, group_keys);
     END IF;
     -- A job with a group is inserted waiting, then each group without a head gets one, so that a
     -- key skipped as already queued never leaves a group without its head.
-    added := inbox__enqueue_columns(shape, 'u.key', 'u.group_key', '$2');
-    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L)',
+    added := inbox__enqueue_columns(shape, 'u.key', 'u.group_key', '$2', '$6');
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
         inbox__prepared(format(
             'WITH inserted AS (INSERT INTO %s (payload, locked_until%s) '
             '  SELECT u.payload, %s%s '
@@ -2457,8 +2496,8 @@ BEGIN
             shape.table_sql, added.columns,
             CASE WHEN shape.groups THEN 'CASE WHEN u.group_key IS NULL THEN $2 ELSE ''infinity'' END' ELSE '$2' END,
             added."values", inbox__on_key_conflict(queue, shape)),
-            kind || '[], timestamptz, text[], int4, text[]'),
-        payloads, run_at, keys, priority, group_keys)
+            kind || '[], timestamptz, text[], int4, text[], interval'),
+        payloads, run_at, keys, priority, group_keys, timeout)
       INTO ids;
     IF group_keys IS NOT NULL THEN
         PERFORM inbox__promote(shape, group_keys);
@@ -2470,23 +2509,25 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox_enqueue_batch(regclass, jsonb[], timestamptz, text[], int, text[]);
 CREATE OR REPLACE FUNCTION inbox_enqueue_batch(queue regclass, payloads jsonb[], run_at timestamptz DEFAULT now(),
                                                keys text[] DEFAULT NULL, priority int DEFAULT 0,
-                                               group_keys text[] DEFAULT NULL)
+                                               group_keys text[] DEFAULT NULL, timeout interval DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    RETURN QUERY SELECT inbox__enqueue_batch(queue, payloads, 'jsonb', run_at, keys, priority, group_keys);
+    RETURN QUERY SELECT inbox__enqueue_batch(queue, payloads, 'jsonb', run_at, keys, priority, group_keys, timeout);
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox_enqueue_batch_bytes(regclass, bytea[], timestamptz, text[], int, text[]);
 CREATE OR REPLACE FUNCTION inbox_enqueue_batch_bytes(queue regclass, payloads bytea[], run_at timestamptz DEFAULT now(),
                                                      keys text[] DEFAULT NULL, priority int DEFAULT 0,
-                                                     group_keys text[] DEFAULT NULL)
+                                                     group_keys text[] DEFAULT NULL, timeout interval DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    RETURN QUERY SELECT inbox__enqueue_batch(queue, payloads, 'bytea', run_at, keys, priority, group_keys);
+    RETURN QUERY SELECT inbox__enqueue_batch(queue, payloads, 'bytea', run_at, keys, priority, group_keys, timeout);
 END
 $$;
 
@@ -2495,9 +2536,10 @@ $$;
 -- floor, head.rs, is a speed-up only). A queue with limits is taken from by inbox__take_limited
 -- (sql/shared/limits.sql), unless `limits` is false (its call back, inbox__take_unlimited).
 DROP FUNCTION IF EXISTS inbox__take_jobs(regclass, int, interval, bool);
+DROP FUNCTION IF EXISTS inbox__take_jobs(regclass, int, interval, bool, bigint[]);
 CREATE OR REPLACE FUNCTION inbox__take_jobs(queue regclass, max int, lease interval, limits bool,
                                             chose bigint[] DEFAULT NULL)
-RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
+RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea, timeout interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
@@ -2509,6 +2551,8 @@ DECLARE
     -- The deliveries that snoozed (inbox_snooze): a delivery reports its attempt less these,
     -- while its token is the count, which only grows (statements.rs snoozes).
     snoozes text;
+    -- The job's own bound on its handler, handed over with it (statements.rs timeout).
+    timeouts text;
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
@@ -2541,18 +2585,21 @@ BEGIN
         rank := '0::int8';
     END IF;
     snoozes := CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END;
+    timeouts := CASE WHEN shape.has_timeout THEN 'timeout' ELSE 'NULL::interval' END;
     IF shape.nullable_locked_until THEN
         picked := format(
-            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes FROM %2$s '
+            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes, '
+            '       %5$s AS timeout FROM %2$s '
             ' WHERE (locked_until IS NULL OR (locked_until <= $2%3$s))@chosen@ '
             ' ORDER BY %1$s, locked_until NULLS FIRST, id LIMIT $1 FOR UPDATE SKIP LOCKED',
-            rank, shape.table_sql, finite, snoozes);
+            rank, shape.table_sql, finite, snoozes, timeouts);
     ELSE
         picked := format(
-            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes FROM %2$s '
+            'SELECT id, %1$s AS rank, locked_until AS due, attempt, payload, %4$s AS snoozes, '
+            '       %5$s AS timeout FROM %2$s '
             ' WHERE locked_until <= $2%3$s@chosen@ '
             ' ORDER BY %1$s, locked_until, id LIMIT $1 FOR UPDATE SKIP LOCKED',
-            rank, shape.table_sql, finite, snoozes);
+            rank, shape.table_sql, finite, snoozes, timeouts);
     END IF;
     -- The jobs inbox__take_limited chose, the statement's last parameter: those of them that are due.
     IF chose IS NULL THEN
@@ -2565,7 +2612,8 @@ BEGIN
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
         RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
             inbox__prepared(format(
-                'SELECT id::int8, (attempt + 1 - snoozes)::int4, -((attempt + 1)::int8), %s FROM (%s) AS picked',
+                'SELECT id::int8, (attempt + 1 - snoozes)::int4, -((attempt + 1)::int8), %s, timeout '
+                '  FROM (%s) AS picked',
                 payloads, picked), 'int4, timestamptz, int8[]'),
             max, clock_timestamp(), chose);
     ELSE
@@ -2573,11 +2621,11 @@ BEGIN
                          ELSE 'NULL::jsonb, taken.payload' END;
         RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
             inbox__prepared(format(
-                'WITH next AS MATERIALIZED (SELECT id, rank, due, snoozes FROM (%1$s) AS picked), taken AS ( '
+                'WITH next AS MATERIALIZED (SELECT id, rank, due, snoozes, timeout FROM (%1$s) AS picked), taken AS ( '
                 '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
                 '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
                 '    RETURNING q.id, q.attempt, q.payload) '
-                'SELECT taken.id::int8, (taken.attempt - next.snoozes)::int4, taken.attempt::int8, %4$s '
+                'SELECT taken.id::int8, (taken.attempt - next.snoozes)::int4, taken.attempt::int8, %4$s, next.timeout '
                 '  FROM taken JOIN next ON next.id = taken.id '
                 ' ORDER BY next.rank, next.due%5$s, taken.id',
                 picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
@@ -2588,8 +2636,9 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox_lease(regclass, int, interval);
 CREATE OR REPLACE FUNCTION inbox_lease(queue regclass, max int DEFAULT 1, lease interval DEFAULT '30 seconds')
-RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
+RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea, timeout interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
@@ -2601,9 +2650,10 @@ $$;
 -- slots for (a lease with `lease`, a lock without): the first `max` due jobs in the queue's
 -- order or, given `chose`, those of them that are due and not locked.
 DROP FUNCTION IF EXISTS inbox__take_unlimited(regclass, int, interval);
+DROP FUNCTION IF EXISTS inbox__take_unlimited(regclass, int, interval, bigint[]);
 CREATE OR REPLACE FUNCTION inbox__take_unlimited(queue regclass, max int, lease interval,
                                                  chose bigint[] DEFAULT NULL)
-RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
+RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea, timeout interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN QUERY SELECT * FROM inbox__take_jobs(
@@ -2612,8 +2662,9 @@ BEGIN
 END
 $$;
 
+DROP FUNCTION IF EXISTS inbox_lock(regclass, int);
 CREATE OR REPLACE FUNCTION inbox_lock(queue regclass, max int DEFAULT 1)
-RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea)
+RETURNS TABLE(id bigint, attempt int, token bigint, payload jsonb, payload_bytes bytea, timeout interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan AS $$
 BEGIN

@@ -38,6 +38,10 @@ pub struct EnqueueOptions {
     pub priority: i32,
     /// Jobs of one group run one at a time, in enqueue order.
     pub group_key: Option<String>,
+    /// Bounds the job's handler, in place of the worker's
+    /// [`handler_timeout`](crate::worker::Worker::handler_timeout); the queue needs a `timeout`
+    /// column.
+    pub timeout: Option<Duration>,
 }
 
 impl EnqueueOptions {
@@ -64,6 +68,12 @@ impl EnqueueOptions {
         self.group_key = Some(group_key.into());
         self
     }
+
+    /// Its handler bounded by `timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
 }
 
 /// How a batch is enqueued (see `inbox_enqueue_batch`): one due time and priority for all its
@@ -78,6 +88,8 @@ pub struct BatchOptions {
     pub priority: i32,
     /// One group key per payload; within a group, jobs run in array order.
     pub group_keys: Option<Vec<Option<String>>>,
+    /// Bounds each job's handler (see [`EnqueueOptions::timeout`]).
+    pub timeout: Option<Duration>,
 }
 
 /// A dead-lettered job (see `inbox_dead_jobs`).
@@ -204,7 +216,8 @@ impl Queue {
             .bind(options.run_at)
             .bind(options.key.clone())
             .bind(options.priority)
-            .bind(options.group_key.clone()))
+            .bind(options.group_key.clone())
+            .bind(options.timeout.map(|timeout| timeout.as_secs_f64())))
     }
 
     /// Enqueues `payload` through `db`; returns the job's id, or `None` when a job with `key` is
@@ -290,7 +303,8 @@ impl Queue {
             .bind(options.run_at)
             .bind(per_job(&options.keys, "keys")?)
             .bind(options.priority)
-            .bind(per_job(&options.group_keys, "group_keys")?);
+            .bind(per_job(&options.group_keys, "group_keys")?)
+            .bind(options.timeout.map(|timeout| timeout.as_secs_f64()));
         db.query(&statement)
             .await?
             .iter()

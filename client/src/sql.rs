@@ -39,11 +39,13 @@ pub(crate) const DELIVERY_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT inbox_delivery
 
 /// `inbox_lease(queue, max, lease)`: takes and leases due jobs (committed on its own).
 pub(crate) const QUEUE_LEASE: &str =
-    "SELECT id, attempt, token, payload, payload_bytes FROM inbox_lease($1::text::regclass, $2::int4, $3::text::interval)";
+    "SELECT id, attempt, token, payload, payload_bytes, extract(epoch FROM timeout)::float8 \
+       FROM inbox_lease($1::text::regclass, $2::int4, $3::text::interval)";
 
 /// `inbox_lock(queue, max)`: takes due jobs under the caller's transaction's row locks.
 pub(crate) const QUEUE_LOCK: &str =
-    "SELECT id, attempt, token, payload, payload_bytes FROM inbox_lock($1::text::regclass, $2::int4)";
+    "SELECT id, attempt, token, payload, payload_bytes, extract(epoch FROM timeout)::float8 \
+       FROM inbox_lock($1::text::regclass, $2::int4)";
 
 /// `inbox_ack(queue, ids, tokens)`: finishes many jobs; returns how many were still theirs.
 pub(crate) const QUEUE_ACK_MANY: &str =
@@ -86,7 +88,7 @@ pub(crate) const QUEUE_CHANNEL: &str = "SELECT inbox_channel($1::text::regclass)
 
 /// `inbox_enqueue(queue, payload, run_at, key, priority, group_key)`.
 pub(crate) const QUEUE_ENQUEUE: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
-     coalesce($3::timestamptz, now()), $4::text, $5::int4, $6::text)";
+     coalesce($3::timestamptz, now()), $4::text, $5::int4, $6::text, $7::float8 * interval '1 second')";
 
 /// `inbox_create_queue(name)`.
 pub(crate) const QUEUE_CREATE: &str = "SELECT inbox_create_queue($1::text)::text";
@@ -126,7 +128,8 @@ pub(crate) const QUEUE_ENQUEUE_BATCH: &str =
      coalesce($3::timestamptz, now()), \
      (SELECT array_agg(e ORDER BY n) FROM jsonb_array_elements_text($4::jsonb) WITH ORDINALITY AS a(e, n)), \
      $5::int4, \
-     (SELECT array_agg(e ORDER BY n) FROM jsonb_array_elements_text($6::jsonb) WITH ORDINALITY AS a(e, n))) AS id";
+     (SELECT array_agg(e ORDER BY n) FROM jsonb_array_elements_text($6::jsonb) WITH ORDINALITY AS a(e, n)), \
+     $7::float8 * interval '1 second') AS id";
 
 /// `inbox_pause(queue)`: leases and locks hand out nothing once the caller commits.
 pub(crate) const QUEUE_PAUSE: &str = "SELECT inbox_pause($1::text::regclass) AS changed";

@@ -232,7 +232,7 @@ pub(crate) fn take_limited(
     let rows = client
         .update(
             &format!(
-                "SELECT id, attempt, token, payload, payload_bytes \
+                "SELECT id, attempt, token, payload, payload_bytes, timeout \
                    FROM {schema}.inbox__take_limited($1, $2, $3)"
             ),
             None,
@@ -245,8 +245,8 @@ pub(crate) fn take_limited(
         .unwrap_or_else(|e| internal(e));
     (0..rows.len())
         .map(|row| {
-            // SAFETY: the last SPI result is this one, of (int8, int4, int8, jsonb, bytea) rows;
-            // the payloads are copied into the caller's memory context.
+            // SAFETY: the last SPI result is this one, of (int8, int4, int8, jsonb, bytea,
+            // interval) rows; the payloads are copied into the caller's memory context.
             unsafe {
                 use crate::datum::spi_result_datum;
                 (
@@ -255,6 +255,8 @@ pub(crate) fn take_limited(
                     spi_result_datum(row, 3).map_or(0, |d| d.value() as i64),
                     spi_result_datum(row, 4).map(crate::datum::Jsonb),
                     spi_result_datum(row, 5).map(crate::datum::Bytea),
+                    spi_result_datum(row, 6)
+                        .and_then(|d| pgrx::datum::Interval::from_datum(d, false)),
                 )
             }
         })

@@ -94,6 +94,7 @@ struct Sends {
     keys: bool,
     priority: bool,
     groups: bool,
+    timeout: bool,
 }
 
 /// Checks what an enqueue sends against the queue's shape: `42804` for a payload of another type
@@ -127,6 +128,9 @@ fn check_enqueue(client: &SpiClient<'_>, queue: pg_sys::Oid, sends: Sends) -> Rc
     if sends.groups && !shape.has_group_key {
         missing("group_key", "to group by");
     }
+    if sends.timeout && !shape.has_timeout {
+        missing("timeout", "to keep a timeout in");
+    }
     if sends.groups && !shape.has_dead_at {
         missing(
             "dead_at",
@@ -145,16 +149,19 @@ fn enqueue(
     key: Option<Text>,
     priority: Option<i32>,
     group_key: Option<String>,
+    timeout: Option<Interval>,
 ) -> Option<i64> {
     let queue = required(queue, "queue").0;
     let run_at = finite_time(run_at, "run_at");
     let priority = required(priority, "priority");
+    let timeout = timeout.map(|timeout| check_interval(timeout, "timeout", false));
     let id = Spi::connect_mut(|client| {
         let sends = Sends {
             payload: kind,
             keys: key.is_some(),
             priority: priority != 0,
             groups: group_key.is_some(),
+            timeout: timeout.is_some(),
         };
         check_enqueue(client, queue, sends);
         // A job of a group whose head is there (or that has jobs waiting) waits its turn.
@@ -181,6 +188,7 @@ fn enqueue(
             priority.into(),
             groups::key_text(&group_key),
             run_at.into(),
+            timeout.into(),
         ];
         client
             .update(&*plan, None, &args)
@@ -206,6 +214,7 @@ fn inbox_enqueue(
     key: default!(Option<Text>, "NULL"),
     priority: default!(Option<i32>, 0),
     group_key: default!(Option<String>, "NULL"),
+    timeout: default!(Option<Interval>, "NULL"),
 ) -> Option<i64> {
     let payload = required(payload, "payload").into();
     enqueue(
@@ -216,6 +225,7 @@ fn inbox_enqueue(
         key,
         priority,
         group_key,
+        timeout,
     )
 }
 
@@ -230,6 +240,7 @@ fn inbox_enqueue_bytes(
     key: default!(Option<Text>, "NULL"),
     priority: default!(Option<i32>, 0),
     group_key: default!(Option<String>, "NULL"),
+    timeout: default!(Option<Interval>, "NULL"),
 ) -> Option<i64> {
     let payload = required(payload, "payload").into();
     enqueue(
@@ -240,6 +251,7 @@ fn inbox_enqueue_bytes(
         key,
         priority,
         group_key,
+        timeout,
     )
 }
 
@@ -249,6 +261,7 @@ struct BatchOptions {
     keys: Option<TextArray>,
     priority: Option<i32>,
     group_keys: Option<TextArray>,
+    timeout: Option<Interval>,
 }
 
 fn enqueue_batch(
@@ -260,6 +273,9 @@ fn enqueue_batch(
     let queue = required(queue, "queue").0;
     let run_at = finite_time(options.run_at, "run_at");
     let priority = required(options.priority, "priority");
+    let timeout = options
+        .timeout
+        .map(|timeout| check_interval(timeout, "timeout", false));
     let count = array_facts(payloads, "payloads");
     if count.has_nulls {
         raise(
@@ -290,6 +306,7 @@ fn enqueue_batch(
             keys: options.keys.is_some(),
             priority: priority != 0,
             groups: options.group_keys.is_some(),
+            timeout: timeout.is_some(),
         };
         check_enqueue(client, queue, sends);
         if let Some(keys) = options.group_keys {
@@ -304,6 +321,7 @@ fn enqueue_batch(
             text_array(options.keys),
             priority.into(),
             text_array(options.group_keys),
+            timeout.into(),
         ];
         let ids = client
             .update(&*plan, None, &args)
@@ -331,12 +349,14 @@ fn inbox_enqueue_batch(
     keys: default!(Option<TextArray>, "NULL"),
     priority: default!(Option<i32>, 0),
     group_keys: default!(Option<TextArray>, "NULL"),
+    timeout: default!(Option<Interval>, "NULL"),
 ) -> SetOfIterator<'static, i64> {
     let options = BatchOptions {
         run_at,
         keys,
         priority,
         group_keys,
+        timeout,
     };
     enqueue_batch(
         queue,
@@ -355,12 +375,14 @@ fn inbox_enqueue_batch_bytes(
     keys: default!(Option<TextArray>, "NULL"),
     priority: default!(Option<i32>, 0),
     group_keys: default!(Option<TextArray>, "NULL"),
+    timeout: default!(Option<Interval>, "NULL"),
 ) -> SetOfIterator<'static, i64> {
     let options = BatchOptions {
         run_at,
         keys,
         priority,
         group_keys,
+        timeout,
     };
     enqueue_batch(
         queue,
@@ -372,7 +394,14 @@ fn inbox_enqueue_batch_bytes(
 
 /// One job handed to a worker: `payload` for a `jsonb` queue, `payload_bytes` for a `bytea` one.
 /// (`#[pg_extern]` reads the column names from the signature, so they are spelled out there.)
-pub(crate) type Delivery = (i64, i32, i64, Option<Jsonb>, Option<Bytea>);
+pub(crate) type Delivery = (
+    i64,
+    i32,
+    i64,
+    Option<Jsonb>,
+    Option<Bytea>,
+    Option<Interval>,
+);
 
 /// Locks up to `max` due jobs and reads them; with `lease`, also leases them. A queue with limits
 /// is taken from by `inbox__take_limited` (sql/shared/limits.sql), unless `limits` is false (its
@@ -407,7 +436,7 @@ fn take(
         let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
         // A lease of one job takes and leases it in one statement; others lease what they took.
         let leases_in_take = lease.filter(|_| max == 1 && chose.is_none());
-        // The column after the take's others (`statements::snoozes`).
+        // The columns after the take's others (`statements::snoozes`, `statements::timeout`).
         let snoozes_column = if chose.is_some() { 4 } else { 6 };
         let taken = match chose {
             Some(chose) => {
@@ -421,13 +450,15 @@ fn take(
         let deliveries: Vec<Delivery> = (0..taken)
             .map(|row| {
                 // SAFETY: the statement returned `taken` rows of (int8 id, int4 attempt, payload,
-                // ..., int4 snoozes), and SPI is still connected.
-                let (id, attempt, payload, snoozes) = unsafe {
+                // ..., int4 snoozes, interval timeout), and SPI is still connected.
+                let (id, attempt, payload, snoozes, timeout) = unsafe {
                     (
                         spi_result_datum(row, 1).map_or(0, |d| d.value() as i64),
                         spi_result_datum(row, 2).map_or(0, |d| d.value() as i32),
                         spi_result_datum(row, 3),
                         spi_result_datum(row, snoozes_column).map_or(0, |d| d.value() as i32),
+                        spi_result_datum(row, snoozes_column + 1)
+                            .and_then(|d| Interval::from_datum(d, false)),
                     )
                 };
                 let (json, bytes) = match shape.payload {
@@ -441,7 +472,7 @@ fn take(
                 } else {
                     -(attempt as i64)
                 };
-                (id, attempt - snoozes, token, json, bytes)
+                (id, attempt - snoozes, token, json, bytes, timeout)
             })
             .collect();
         if let (Some(lease), None, false) = (lease, leases_in_take, deliveries.is_empty()) {
@@ -523,6 +554,7 @@ fn inbox_lease(
         name!(token, i64),
         name!(payload, Option<Jsonb>),
         name!(payload_bytes, Option<Bytea>),
+        name!(timeout, Option<Interval>),
     ),
 > {
     let lease = check_interval(required(lease, "lease"), "lease", false);
@@ -543,6 +575,7 @@ fn inbox_lock(
         name!(token, i64),
         name!(payload, Option<Jsonb>),
         name!(payload_bytes, Option<Bytea>),
+        name!(timeout, Option<Interval>),
     ),
 > {
     TableIterator::new(take(queue, max, None, true, None))
@@ -566,6 +599,7 @@ fn take_unlimited(
         name!(token, i64),
         name!(payload, Option<Jsonb>),
         name!(payload_bytes, Option<Bytea>),
+        name!(timeout, Option<Interval>),
     ),
 > {
     let lease = lease.map(|lease| check_interval(lease, "lease", false));

@@ -59,6 +59,8 @@ pub(crate) struct QueueShape {
     pub has_leased_at: bool,
     /// Counts the deliveries snoozed (`inbox_snooze`): a lease reports `attempt - snoozes`.
     pub has_snoozes: bool,
+    /// Bounds the job's handler (`timeout` at enqueue): a take hands it over with the job.
+    pub has_timeout: bool,
     /// Leases take the highest `priority` first.
     pub has_priority: bool,
     pub has_group_key: bool,
@@ -222,6 +224,9 @@ impl QueueShape {
                 .column(KIND, "leased_at", TIMESTAMPTZ, false)
                 .is_some(),
             has_snoozes: table.column(KIND, "snoozes", INTEGERS, false).is_some(),
+            has_timeout: table
+                .column(KIND, "timeout", &[pg_sys::INTERVALOID], false)
+                .is_some(),
             has_priority: table.column(KIND, "priority", INTEGERS, false).is_some(),
             has_group_key: table.column(KIND, "group_key", TEXTS, false).is_some(),
             has_dead_at: table.column(KIND, "dead_at", TIMESTAMPTZ, false).is_some(),

@@ -71,7 +71,8 @@ pub(crate) fn create_queue(table: &str) -> String {
              group_key pg_catalog.text, \
              run_at pg_catalog.timestamptz, \
              dead_at pg_catalog.timestamptz, \
-             snoozes integer NOT NULL DEFAULT 0 \
+             snoozes integer NOT NULL DEFAULT 0, \
+             timeout pg_catalog.interval \
          ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, \
                  autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, \
                  autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05); \
@@ -137,6 +138,7 @@ fn enqueue_columns(
     key: &str,
     group_key: &str,
     run_at: &str,
+    timeout: &str,
 ) -> (String, String) {
     let mut columns = String::new();
     let mut values = String::new();
@@ -152,14 +154,15 @@ fn enqueue_columns(
     add(queue.has_priority, "priority", "$4");
     add(queue.groups(), "group_key", group_key);
     add(queue.has_run_at, "run_at", run_at);
+    add(queue.has_timeout, "timeout", timeout);
     (columns, values)
 }
 
 /// `$1` payload, `$2` locked_until (the due time, or `'infinity'` for a job that waits behind
-/// its group's head), `$3` key, `$4` priority, `$5` group key, `$6` the due time asked for. Each
-/// is written only where the table has its column.
+/// its group's head), `$3` key, `$4` priority, `$5` group key, `$6` the due time asked for, `$7`
+/// the timeout. Each is written only where the table has its column.
 pub(crate) fn enqueue(queue: &QueueShape) -> Sql {
-    let (columns, values) = enqueue_columns(queue, "$3", "$5", "$6");
+    let (columns, values) = enqueue_columns(queue, "$3", "$5", "$6", "$7");
     Sql {
         text: format!(
             "INSERT INTO {} (payload, locked_until{columns}) VALUES ($1, $2{values}){} \
@@ -174,6 +177,7 @@ pub(crate) fn enqueue(queue: &QueueShape) -> Sql {
             pg_sys::INT4OID,
             pg_sys::TEXTOID,
             pg_sys::TIMESTAMPTZOID,
+            pg_sys::INTERVALOID,
         ],
     }
 }
@@ -209,8 +213,8 @@ fn publish(outbox: &QueueShape, payload: &str, payload_type: Oid) -> Sql {
     }
 }
 
-/// `$1` payloads, `$2` due time, `$3` keys, `$4` priority, `$5` group keys; inserted in array
-/// order. A job with a group is inserted waiting (the caller holds the groups' locks and then
+/// `$1` payloads, `$2` due time, `$3` keys, `$4` priority, `$5` group keys, `$6` timeout;
+/// inserted in array order. A job with a group is inserted waiting (the caller holds the groups' locks and then
 /// promotes each group's head, see `promote`), so that a key skipped as already queued can
 /// never leave a group without its head.
 pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
@@ -219,7 +223,7 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
     } else {
         "$2".to_owned()
     };
-    let (columns, values) = enqueue_columns(queue, "u.key", "u.group_key", "$2");
+    let (columns, values) = enqueue_columns(queue, "u.key", "u.group_key", "$2", "$6");
     Sql {
         text: format!(
             "INSERT INTO {} (payload, locked_until{columns}) \
@@ -236,6 +240,7 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
             pg_sys::TEXTARRAYOID,
             pg_sys::INT4OID,
             pg_sys::TEXTARRAYOID,
+            pg_sys::INTERVALOID,
         ],
     }
 }
@@ -249,6 +254,16 @@ fn snoozes(queue: &QueueShape, row: &str) -> String {
         format!("COALESCE({row}snoozes, 0)::pg_catalog.int4")
     } else {
         "0::pg_catalog.int4".to_owned()
+    }
+}
+
+/// The job's own bound on its handler (`timeout` at enqueue), NULL where the table has none: a
+/// take returns it after the snoozes.
+fn timeout(queue: &QueueShape, row: &str) -> String {
+    if queue.has_timeout {
+        format!("{row}timeout")
+    } else {
+        "NULL::pg_catalog.interval".to_owned()
     }
 }
 
@@ -277,7 +292,7 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
     Sql {
         text: format!(
             "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, due, rank, \
-                    snoozes FROM ({picked}) AS picked"
+                    snoozes, timeout FROM ({picked}) AS picked"
         ),
         args,
     }
@@ -299,10 +314,13 @@ pub(crate) fn take_chosen(queue: &QueueShape) -> Sql {
         format!("locked_until {LE} $2 AND locked_until {LT} {INFINITY}")
     };
     let snoozes = snoozes(queue, "");
+    let timeout = timeout(queue, "");
     Sql {
         text: format!(
-            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, snoozes \
-               FROM (SELECT id, attempt, payload, {rank} AS rank, locked_until, {snoozes} AS snoozes \
+            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, snoozes, \
+                    timeout \
+               FROM (SELECT id, attempt, payload, {rank} AS rank, locked_until, {snoozes} AS snoozes, \
+                            {timeout} AS timeout \
                        FROM {table} \
                       WHERE id {EQ} ANY ($1) AND {due} FOR UPDATE SKIP LOCKED) AS chosen \
               ORDER BY rank, locked_until NULLS FIRST, id"
@@ -320,10 +338,11 @@ fn picked(queue: &QueueShape, limit: &str) -> (String, Vec<Oid>) {
         ("0::pg_catalog.int8", String::new())
     };
     let snoozes = snoozes(queue, "");
+    let timeout = timeout(queue, "");
     let scan = |condition: &str| {
         format!(
-            "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload, {snoozes} AS snoozes \
-               FROM {table} \
+            "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload, {snoozes} AS snoozes, \
+                    {timeout} AS timeout FROM {table} \
               WHERE {condition} ORDER BY {rank}, locked_until, id LIMIT {limit} FOR UPDATE SKIP LOCKED"
         )
     };
@@ -332,7 +351,7 @@ fn picked(queue: &QueueShape, limit: &str) -> (String, Vec<Oid>) {
         (
             format!(
                 "SELECT id, {rank} AS rank, locked_until AS due, attempt, payload, \
-                        {snoozes} AS snoozes FROM {table} \
+                        {snoozes} AS snoozes, {timeout} AS timeout FROM {table} \
                   WHERE {due} ORDER BY {rank}, locked_until NULLS FIRST, id \
                   LIMIT {limit} FOR UPDATE SKIP LOCKED"
             ),
@@ -389,7 +408,7 @@ pub(crate) fn lease_one(queue: &QueueShape) -> Sql {
                FROM ({picked}) AS picked \
               WHERE q.id {EQ} picked.id \
           RETURNING q.id::pg_catalog.int8, q.attempt::pg_catalog.int4, q.payload, picked.due, \
-                    picked.rank, picked.snoozes",
+                    picked.rank, picked.snoozes, picked.timeout",
             queue.table
         ),
         args,

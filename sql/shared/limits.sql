@@ -368,10 +368,11 @@ $$;
 
 -- The lease (`lease` set) or lock (NULL) of a queue that has limits: as many due jobs as it
 -- can give a slot of every limit, at most `max`.
+DROP FUNCTION IF EXISTS inbox__take_limited(pg_catalog.regclass, pg_catalog.int4, pg_catalog.interval);
 CREATE OR REPLACE FUNCTION inbox__take_limited(queue pg_catalog.regclass, max pg_catalog.int4,
                                                lease pg_catalog.interval)
 RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, token pg_catalog.int8,
-              payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea)
+              payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea, timeout pg_catalog.interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -527,8 +528,8 @@ BEGIN
     IF n OPERATOR(pg_catalog.<) 1 THEN
         RETURN;
     END IF;
-    FOR id, attempt, token, payload, payload_bytes IN
-        SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes
+    FOR id, attempt, token, payload, payload_bytes, timeout IN
+        SELECT t.id, t.attempt, t.token, t.payload, t.payload_bytes, t.timeout
           FROM @extschema@.inbox__take_unlimited(queue, n, lease, chosen) AS t
     LOOP
         jobs := jobs OPERATOR(pg_catalog.||) id;

@@ -17,7 +17,8 @@ BEGIN
             has_run_at bool,
             groups bool,
             dead_predicate text,
-            has_snoozes bool
+            has_snoozes bool,
+            has_timeout bool
         );
     END IF;
     -- Installed by an earlier version: the fields added since.
@@ -26,6 +27,12 @@ BEGIN
                                        WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
                       AND attname = 'has_snoozes' AND NOT attisdropped) THEN
         ALTER TYPE inbox__queue_shape ADD ATTRIBUTE has_snoozes bool;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                    WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                       WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
+                      AND attname = 'has_timeout' AND NOT attisdropped) THEN
+        ALTER TYPE inbox__queue_shape ADD ATTRIBUTE has_timeout bool;
     END IF;
     IF pg_catalog.to_regtype('inbox__ledger_shape') IS NULL THEN
         CREATE TYPE inbox__ledger_shape AS (table_sql text);
@@ -190,6 +197,7 @@ BEGIN
                         WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
                         WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
                         WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
+                        WHEN 'v' THEN '{1186}'::oid[]       -- interval
                         ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
         IF NOT found_types[at] = ANY (accepted) THEN
             RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
@@ -214,8 +222,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
     t := inbox__checked_columns(queue, 'queue',
-        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes}',
-        'iitpxxtixtti', 4);
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout}',
+        'iitpxxtixttiv', 4);
     shape.table_sql := t.table_sql;
     shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
     shape.nullable_locked_until := NOT t.not_nulls[3];
@@ -227,6 +235,7 @@ BEGIN
     shape.has_dead_at := t.types[10] IS NOT NULL;
     shape.has_run_at := t.types[11] IS NOT NULL;
     shape.has_snoozes := t.types[12] IS NOT NULL;
+    shape.has_timeout := t.types[13] IS NOT NULL;
     shape.groups := shape.has_group_key AND shape.has_dead_at;
     -- Only where a job can also wait in its group does dead_at tell the two apart.
     shape.dead_predicate := CASE WHEN shape.groups

@@ -37,6 +37,8 @@ pub(crate) struct Taken {
     pub attempt: i32,
     pub token: i64,
     pub payload: Vec<u8>,
+    /// The job's own bound on its handler (`timeout` at enqueue).
+    pub timeout: Option<Duration>,
 }
 
 /// A payload's bytes: the JSON text of a `jsonb` payload, or a `bytea` payload as stored.
@@ -71,6 +73,9 @@ pub(crate) fn read_taken(rows: Vec<tokio_postgres::Row>) -> Result<Vec<Taken>, D
                 attempt: row.try_get(1)?,
                 token: row.try_get(2)?,
                 payload: json.or(bytes).map(|p| p.0).unwrap_or_default(),
+                timeout: row
+                    .try_get::<_, Option<f64>>(5)?
+                    .map(Duration::from_secs_f64),
             })
         })
         .collect()

@@ -623,7 +623,9 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
     /// retry policy's backoff (the attempt counts), or dead-lettered past `max_attempts`. In
     /// transactional mode its writes are rolled back; a statement it had sent finishes first
     /// (bounded by the [`statement_timeout`](Self::statement_timeout)). Calls it made outside the
-    /// database may have taken effect, as with any retry.
+    /// database may have taken effect, as with any retry. This is the queue's default: a job
+    /// enqueued with a timeout of its own ([`EnqueueOptions::timeout`](crate::EnqueueOptions),
+    /// `timeout =>` in SQL) is bounded by that instead.
     pub fn handler_timeout(mut self, timeout: Duration) -> Self {
         self.settings.handler_timeout = Some(timeout);
         self

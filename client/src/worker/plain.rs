@@ -294,7 +294,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         Ok(payload) => {
             let (outcome, failed) = run_handler(
                 handler.handle(Job::new(job.id, job.attempt, payload, shared.lost(job.id))),
-                shared.settings.handler_timeout,
+                job.timeout.or(shared.settings.handler_timeout),
             )
             .await;
             tally.failed += u64::from(failed);

@@ -581,7 +581,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
             Job::new(job.id, job.attempt, payload, shared.lost(job.id)),
             &port,
         ),
-        shared.settings.handler_timeout,
+        job.timeout.or(shared.settings.handler_timeout),
     );
     // A locked delivery opens its savepoint in the round trip of the handler's first statement
     // (`biased`: the savepoint's message is sent first).
