@@ -33,22 +33,21 @@
 //! job).
 //!
 //! A delivery that fails (an error, a panic, or an outcome other than ack) must be undone alone.
-//! A leased group does it without a savepoint: the group's transaction is rolled back, the jobs
-//! still held are fenced again in a new transaction (`inbox_fence`; their leases kept them
-//! meanwhile), the failed job is settled there, and the deliveries before it run again (their
-//! writes were undone with it). So the handlers of a group may run more than once per delivery
-//! when one of them fails: their effects in the database still commit exactly once, but effects
-//! outside it must be idempotent anyway (they are at least once in every mode). After three
-//! replays in one group, or once a group has run for its time bound, the slot commits what it has
-//! done and goes on in a new transaction. A leased group never opens a subtransaction (each
-//! costs every snapshot in the server once more than 64 are open), unless a handler opens one
-//! itself (`batch_atomic`).
+//! Each delivery runs inside a savepoint, opened in the round trip of the handler's first
+//! statement: a failure is undone to it and settled in the group's transaction, and the other
+//! deliveries of the group are not run again. A transaction opens at most 64 savepoints (past
+//! that, every snapshot in the server would look its subtransactions up in pg_subtrans); a leased
+//! delivery past them runs without one, and if it fails, the group's transaction is rolled back,
+//! the jobs still held are fenced again in a new transaction (`inbox_fence`; their leases kept
+//! them meanwhile), the failed job is settled there, and the deliveries before it run again
+//! (their writes were undone with it). Their effects in the database still commit exactly once;
+//! effects outside it must be idempotent anyway (they are at least once in every mode). After
+//! three replays in one group, or once a group has run for its time bound, the slot commits what
+//! it has done and goes on in a new transaction.
 //!
 //! A locked group ([`Claim::Lock`]) holds its jobs by row locks only, which a rollback would give
-//! up to other workers before the failure is recorded; so each of its deliveries runs inside a
-//! savepoint, opened in the round trip of the handler's first statement, and a failure is undone
-//! to it with every job still locked and settled at once. Such groups are at most
-//! [`LOCK_GROUP_MAX`] (64) jobs, a subtransaction each.
+//! up to other workers before the failure is recorded, so it never replays: it is at most
+//! [`LOCK_GROUP_MAX`] (64) jobs, each inside its savepoint.
 //!
 //! # Isolation and conflicts
 //!

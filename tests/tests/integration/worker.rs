@@ -1108,9 +1108,9 @@ async fn group_commits_the_others_when_one_delivery_fails() {
             .await;
 
             let case = format!("{claim:?}, {failure:?}");
-            // Jobs 0 and 1 ran before job 2 failed: a leased group is replayed without it (no
-            // savepoint), so they run again; a locked group goes on from job 2's savepoint. Then
-            // job 2's second attempt.
+            // Jobs 0 and 1 ran before job 2 failed: a leased group, whose slot had no failure
+            // before, has no savepoints and is replayed without it, so they run again; a locked
+            // group goes on from job 2's savepoint. Then job 2's second attempt.
             let expected_runs = match claim {
                 Claim::Lease => 8,
                 Claim::Lock => 6,
@@ -1142,6 +1142,44 @@ async fn group_commits_the_others_when_one_delivery_fails() {
             );
         }
     }
+}
+
+/// After its first failure a slot's leased deliveries run inside savepoints: in groups of 10 of
+/// 30 jobs, six of which fail their first attempt, only the first failure replays its group (the
+/// two deliveries before it run again); every later failure is undone alone, and every effect
+/// commits once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_failure_a_slots_deliveries_are_undone_alone() {
+    let db = TestDb::new().await;
+    let pg = setup_jobs(&db, 4, 30).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        transactional(move |job: Job<i64>, tx: &dyn Database| {
+            let runs = runs.clone();
+            Box::pin(async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tx.execute(&effect(&job)).await?;
+                if job.payload % 5 == 2 && job.attempt == 1 {
+                    return Err(HandlerError::from(CHAOS_ERROR));
+                }
+                Ok(Outcome::ack())
+            })
+        })
+    };
+    let stats = drain(
+        Worker::transactional(pg.clone(), "jobs", handler)
+            .workers(1)
+            .group_size(10)
+            .group_time(Duration::from_secs(60))
+            .retry(fast_retries(5))
+            .poll_interval(Duration::from_millis(20)),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 30 + 6 + 2, "{stats:?}");
+    assert_each_effect_once(&db, 30).await;
+    assert_eq!((stats.acked, stats.retried, stats.failed), (30, 6, 6));
 }
 
 /// A connection killed before its group commits applies nothing of the group, and every job of
