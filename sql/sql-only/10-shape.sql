@@ -2,6 +2,8 @@
 -- file reads a table's columns through inbox__queue_shape / inbox__ledger_shape only.
 
 DO $$
+DECLARE
+    field text;
 BEGIN
     IF pg_catalog.to_regtype('inbox__queue_shape') IS NULL THEN
         CREATE TYPE inbox__queue_shape AS (
@@ -22,18 +24,14 @@ BEGIN
         );
     END IF;
     -- Installed by an earlier version: the fields added since.
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
-                    WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
-                                       WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
-                      AND attname = 'has_snoozes' AND NOT attisdropped) THEN
-        ALTER TYPE inbox__queue_shape ADD ATTRIBUTE has_snoozes bool;
-    END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
-                    WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
-                                       WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
-                      AND attname = 'has_timeout' AND NOT attisdropped) THEN
-        ALTER TYPE inbox__queue_shape ADD ATTRIBUTE has_timeout bool;
-    END IF;
+    FOR field IN SELECT unnest(ARRAY['has_snoozes', 'has_timeout']) LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                        WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                           WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
+                          AND attname = field AND NOT attisdropped) THEN
+            EXECUTE pg_catalog.format('ALTER TYPE inbox__queue_shape ADD ATTRIBUTE %I bool', field);
+        END IF;
+    END LOOP;
     IF pg_catalog.to_regtype('inbox__ledger_shape') IS NULL THEN
         CREATE TYPE inbox__ledger_shape AS (table_sql text);
     END IF;
