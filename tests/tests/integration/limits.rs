@@ -601,3 +601,86 @@ async fn bad_limits_are_refused() {
         1
     );
 }
+
+/// The idle key slots' cleanup, which about one lease in fifty runs, made to run by the session's
+/// random seed: it deletes the free slots last given more than 10 minutes ago, and keeps a busy
+/// one however old, the recent ones, and those of the key the lease serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_now_and_then_deletes_the_key_slots_idle_for_ten_minutes() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('jobs'); \
+             SELECT inbox_set_concurrency('jobs', 1, per_key => 'customer')",
+        )
+        .await
+        .unwrap();
+    let enqueue = |key: &'static str| {
+        let client = &client;
+        async move {
+            client
+                .execute(
+                    "SELECT inbox_enqueue('jobs', jsonb_build_object('customer', $1::text))",
+                    &[&key],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let lease = "inbox_lease('jobs', 1, '10 minutes')";
+    // Keys old and recent run and finish; key busy stays leased.
+    for key in ["old", "recent", "busy"] {
+        enqueue(key).await;
+        let taken = lease_ids(&client, lease).await;
+        assert_eq!(taken.len(), 1, "{key}");
+        if key != "busy" {
+            assert!(settle(&client, "inbox_ack('jobs', $1, $2)", taken[0]).await);
+        }
+    }
+    client
+        .execute(
+            "UPDATE inbox_queue_slots SET started_at = started_at - interval '11 minutes' \
+              WHERE queue = 'jobs'::regclass AND kind = 'k' AND key IN ('old', 'busy')",
+            &[],
+        )
+        .await
+        .unwrap();
+    // A seed whose first random() runs the cleanup (random() < 0.02).
+    let mut seed = None;
+    for n in 0..2000 {
+        let s = f64::from(n) / 2000.0;
+        let first: f64 = client
+            .query_one("SELECT setseed($1), random()", &[&s])
+            .await
+            .unwrap()
+            .get(1);
+        if first < 0.02 {
+            seed = Some(s);
+            break;
+        }
+    }
+    let seed = seed.expect("a seed among 2000");
+    enqueue("new").await;
+    client
+        .execute("SELECT setseed($1)", &[&seed])
+        .await
+        .unwrap();
+    assert_eq!(
+        lease_ids(&client, lease).await.len(),
+        1,
+        "key new is served"
+    );
+    let left: Vec<String> = client
+        .query(
+            "SELECT key FROM inbox_queue_slots WHERE queue = 'jobs'::regclass AND kind = 'k' \
+              ORDER BY key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(left, ["busy", "new", "recent"]);
+}
