@@ -15,6 +15,8 @@
 
 #[path = "bench/burndown.rs"]
 mod burndown;
+#[path = "bench/failures.rs"]
+mod failures;
 #[path = "bench/figures.rs"]
 mod figures;
 #[path = "bench/groups.rs"]
@@ -138,6 +140,7 @@ async fn run(args: &[String]) -> Result<()> {
             12 => upkeep::held_snapshot(&ctx).await?,
             13 => outbox::outbox(&ctx).await?,
             14 => limits::limits(&ctx).await?,
+            15 => failures::failures(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));
