@@ -253,6 +253,29 @@ pub async fn limits(
     Ok(())
 }
 
+/// Until when the queue's keys stay unique, set to `until` first when given.
+pub async fn unique(
+    db: &Db,
+    out: &Output,
+    queue: &str,
+    until: Option<&str>,
+) -> Result<(), CliError> {
+    if let Some(until) = until {
+        db.one(&sql::SET_UNIQUE, &[&queue, &until]).await?;
+    }
+    let until: String = db.one(&sql::UNIQUE_UNTIL, &[&queue]).await?.get(0);
+    let value = json!({ "queue": queue, "until": until });
+    out.emit(value, || {
+        let held = match until.as_str() {
+            "finished" => "until it is acked or dead-lettered",
+            "started" => "until its first delivery starts",
+            _ => "until it is acked",
+        };
+        format!("{queue}: a job holds its key {held} ({until})")
+    });
+    Ok(())
+}
+
 pub async fn stats(db: &Db, out: &Output, queue: &str, watch: Option<f64>) -> Result<(), CliError> {
     let Some(seconds) = watch else {
         let (value, cells) = read_stats(db, queue).await?;

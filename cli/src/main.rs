@@ -87,6 +87,16 @@ enum Command {
         #[arg(long, value_name = "INTERVAL", default_value = "1 second")]
         per: String,
     },
+    /// Show until when a queue's job keys stay unique; with --until, set it first (it replaces
+    /// the queue's unique index on key, as its owner).
+    Unique {
+        /// The queue table (optionally schema-qualified).
+        queue: String,
+        /// acked (the default: while the job exists), finished (until acked or dead-lettered)
+        /// or started (until its first delivery).
+        #[arg(long, value_enum)]
+        until: Option<UniqueUntil>,
+    },
     /// Show one queue's job counts and oldest ready age, once or every few seconds.
     Stats {
         /// The queue table (optionally schema-qualified).
@@ -294,6 +304,24 @@ struct EnqueueArgs {
     batch: u32,
 }
 
+/// Until when a job's key stays unique (`inbox unique --until`).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum UniqueUntil {
+    Acked,
+    Finished,
+    Started,
+}
+
+impl UniqueUntil {
+    fn as_str(self) -> &'static str {
+        match self {
+            UniqueUntil::Acked => "acked",
+            UniqueUntil::Finished => "finished",
+            UniqueUntil::Started => "started",
+        }
+    }
+}
+
 /// The states `inbox jobs --state` filters on.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum JobState {
@@ -376,6 +404,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                         rate: rate.map(|rate| (rate, per)),
                     };
                     commands::limits(&db, &out, &queue, change).await
+                }
+                Command::Unique { queue, until } => {
+                    commands::unique(&db, &out, &queue, until.map(UniqueUntil::as_str)).await
                 }
                 Command::Jobs {
                     queue,

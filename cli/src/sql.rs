@@ -63,6 +63,18 @@ pub const SET_RATE_LIMIT: Sql = Sql {
 };
 
 /// `inbox_limits(queue)`, the rate's window as text.
+/// `inbox_set_unique(queue, until)`: until when a job's key stays unique.
+pub const SET_UNIQUE: Sql = Sql {
+    text: "SELECT inbox_set_unique($1::text::regclass, $2::text)",
+    params: &[Type::TEXT, Type::TEXT],
+};
+
+/// `inbox_unique_until(queue)`.
+pub const UNIQUE_UNTIL: Sql = Sql {
+    text: "SELECT inbox_unique_until($1::text::regclass)",
+    params: &[Type::TEXT],
+};
+
 pub const LIMITS: Sql = Sql {
     text: "SELECT concurrency, running, rate_limit, rate_period::text, recent_starts, \
         key_concurrency, per_key, keys_running, most_running_per_key \

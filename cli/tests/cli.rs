@@ -829,6 +829,40 @@ async fn cancel_makes_jobs_dead_marked_cancelled_and_exits_4_for_the_others() {
     );
 }
 
+/// `inbox unique` shows until when a queue's keys stay unique and sets it with `--until`; a rule
+/// the queued jobs would break fails with the server's SQLSTATE and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_rules_are_shown_and_set() {
+    let db = TestDb::new().await;
+    let schema = db.schema().to_owned();
+    let client = db.client().await;
+    client
+        .batch_execute("SELECT inbox_create_queue('reports')")
+        .await
+        .unwrap();
+    let queue = format!("{schema}.reports");
+    assert_eq!(json(&db, &["unique", &queue])["until"], "acked");
+    let set = json(&db, &["unique", &queue, "--until", "started"]);
+    assert_eq!(set["until"], "started");
+    let shown = inbox(&db).args(["unique", &queue]).output().unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("until its first delivery starts"), "{shown}");
+
+    // Under 'started', a running job and a waiting one may share a key; 'acked' would not let them.
+    client
+        .batch_execute(&format!(
+            "SELECT inbox_enqueue('{queue}', '{{}}', key => 'k');              SELECT count(*) FROM inbox_lease('{queue}', 1);              SELECT inbox_enqueue('{queue}', '{{}}', key => 'k')"
+        ))
+        .await
+        .unwrap();
+    let (code, stderr) = failure(&db, &["unique", &queue, "--until", "acked"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("23505"), "{stderr}");
+    assert_eq!(json(&db, &["unique", &queue])["until"], "started");
+    let (_, stderr) = failure(&db, &["unique", &queue, "--until", "never"]);
+    assert!(stderr.contains("never"), "{stderr}");
+}
+
 /// `inbox limits` sets a queue's limits through the extension's functions and shows them with
 /// how much of them is in use; `none` removes one; a bad limit fails with the server's SQLSTATE
 /// and changes nothing.
