@@ -86,7 +86,7 @@ pub(crate) const QUEUE_STATS: &str =
 /// `inbox_channel(queue)`: the channel to LISTEN on.
 pub(crate) const QUEUE_CHANNEL: &str = "SELECT inbox_channel($1::text::regclass)";
 
-/// `inbox_enqueue(queue, payload, run_at, key, priority, group_key)`.
+/// `inbox_enqueue(queue, payload, run_at, key, priority, group_key, timeout)`.
 pub(crate) const QUEUE_ENQUEUE: &str = "SELECT inbox_enqueue($1::text::regclass, $2::jsonb, \
      coalesce($3::timestamptz, now()), $4::text, $5::int4, $6::text, $7::float8 * interval '1 second')";
 
@@ -120,8 +120,8 @@ pub(crate) fn delivery_begins(begin: &str, statement_ms: u128, idle_ms: u128) ->
     }
 }
 
-/// `inbox_enqueue_batch(queue, payloads, run_at, keys, priority, group_keys)`, the payloads,
-/// keys and group keys each given as one JSON array (or NULL).
+/// `inbox_enqueue_batch(queue, payloads, run_at, keys, priority, group_keys, timeout)`, the
+/// payloads, keys and group keys each given as one JSON array (or NULL).
 pub(crate) const QUEUE_ENQUEUE_BATCH: &str =
     "SELECT id FROM inbox_enqueue_batch($1::text::regclass, \
      ARRAY(SELECT e FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS a(e, n) ORDER BY n), \
