@@ -633,7 +633,7 @@ CREATE TABLE IF NOT EXISTS inbox_queue_controls (
 );
 ALTER TABLE inbox_queue_controls ADD COLUMN IF NOT EXISTS unique_until pg_catalog.text;
 COMMENT ON TABLE inbox_queue_controls IS
-    'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';
+    'Which queues are paused (inbox_pause, inbox_resume), their limits (inbox_set_concurrency, inbox_set_rate_limit) and until when their keys stay unique (inbox_set_unique).';
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
 ALTER TABLE inbox_queue_controls ENABLE ROW LEVEL SECURITY;
 DO $policies$

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS inbox_queue_controls (
 -- Installed by an earlier version: the columns added since.
 ALTER TABLE inbox_queue_controls ADD COLUMN IF NOT EXISTS unique_until pg_catalog.text;
 COMMENT ON TABLE inbox_queue_controls IS
-    'Which queues are paused (inbox_pause, inbox_resume), and their limits (inbox_set_concurrency, inbox_set_rate_limit).';
+    'Which queues are paused (inbox_pause, inbox_resume), their limits (inbox_set_concurrency, inbox_set_rate_limit) and until when their keys stay unique (inbox_set_unique).';
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_queue_controls TO PUBLIC;
 ALTER TABLE inbox_queue_controls ENABLE ROW LEVEL SECURITY;
 DO $policies$
@@ -194,8 +194,8 @@ $$;
 COMMENT ON FUNCTION inbox_cancel(pg_catalog.regclass, pg_catalog.int8) IS
     'Cancels a waiting or running job: it becomes dead with last_error ''cancelled'', and its running delivery is fenced.';
 
--- Runs job `id` again after `delay` without spending an attempt (docs/sql-api.md, "Snoozing a
--- job"). It is settled as a retry is, fenced by `token`: the lease or lock ends, the job keeps
+-- Runs job `id` again after `delay` without spending an attempt (docs/sql-api.md,
+-- inbox_snooze). It is settled as a retry is, fenced by `token`: the lease or lock ends, the job keeps
 -- its place as its group's head, its last error stays, and it never dead-letters. Then the
 -- column snoozes counts it: a lease reports the attempt less the snoozes, while the token stays
 -- the count of deliveries, which only grows, so that a stale holder stays fenced. The row is
