@@ -436,8 +436,6 @@ fn take(
         let timestamptz = |t: i64| unsafe { DatumWithOid::new(t, pg_sys::TIMESTAMPTZOID) };
         // A lease of one job takes and leases it in one statement; others lease what they took.
         let leases_in_take = lease.filter(|_| max == 1 && chose.is_none());
-        // The columns after the take's others (`statements::snoozes`, `statements::timeout`).
-        let snoozes_column = if chose.is_some() { 4 } else { 6 };
         let taken = match chose {
             Some(chose) => {
                 let plan =
@@ -456,8 +454,9 @@ fn take(
                         spi_result_datum(row, 1).map_or(0, |d| d.value() as i64),
                         spi_result_datum(row, 2).map_or(0, |d| d.value() as i32),
                         spi_result_datum(row, 3),
-                        spi_result_datum(row, snoozes_column).map_or(0, |d| d.value() as i32),
-                        spi_result_datum(row, snoozes_column + 1)
+                        spi_result_datum(row, statements::SNOOZES_COLUMN)
+                            .map_or(0, |d| d.value() as i32),
+                        spi_result_datum(row, statements::SNOOZES_COLUMN + 1)
                             .and_then(|d| Interval::from_datum(d, false)),
                     )
                 };

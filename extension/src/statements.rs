@@ -298,9 +298,12 @@ pub(crate) fn take(queue: &QueueShape) -> Sql {
     }
 }
 
+/// The column of a take's result ([`take`], [`take_chosen`], [`lease_one`]) that holds the
+/// job's snoozes; its timeout is the next.
+pub(crate) const SNOOZES_COLUMN: i32 = 6;
+
 /// `$1` the ids of jobs a limited take chose (`inbox__take_limited`), `$2` now: those of them that
-/// are due, locked with SKIP LOCKED and returned as [`take`] returns them (without due time and
-/// rank), in the queue's order.
+/// are due, locked with SKIP LOCKED and returned as [`take`] returns them, in the queue's order.
 pub(crate) fn take_chosen(queue: &QueueShape) -> Sql {
     let table = &queue.table;
     let rank = if queue.has_priority {
@@ -317,8 +320,8 @@ pub(crate) fn take_chosen(queue: &QueueShape) -> Sql {
     let timeout = timeout(queue, "");
     Sql {
         text: format!(
-            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, snoozes, \
-                    timeout \
+            "SELECT id::pg_catalog.int8, (attempt {PLUS} 1)::pg_catalog.int4, payload, \
+                    locked_until, rank, snoozes, timeout \
                FROM (SELECT id, attempt, payload, {rank} AS rank, locked_until, {snoozes} AS snoozes, \
                             {timeout} AS timeout \
                        FROM {table} \
