@@ -12,4 +12,6 @@ prepare_database inbox_bench
 SQL_ONLY_DATABASE_URL="$(fresh_sql_only_database inbox_bench_sql_only)"
 export SQL_ONLY_DATABASE_URL
 banner "inbox-bench on $DATABASE_URL (and $SQL_ONLY_DATABASE_URL)"
+# Figure 18 starts the dashboard: the `inbox` binary beside the benchmark's.
+cargo build --release -p inbox-cli --bin inbox
 cargo run --release -p inbox-tests --bin inbox-bench -- "$@"

@@ -285,6 +285,20 @@ ensure_example_runtimes() {
   fi
 }
 
+# ensure_browser: Chromium and its WebDriver server from Debian, for the dashboard's browser tests
+# (cli/tests/ui/browser.rs).
+ensure_browser() {
+  local pkg missing=()
+  for pkg in chromium chromium-driver; do
+    dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    echo "installing ${missing[*]}"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+  fi
+}
+
 # The cargo arguments of every build and run of the workspace's tests (all but the extension's):
 # one package selection, so that every invocation resolves the same features and reuses one build
 # in target/ci (`-p inbox-tests` alone, say, resolves others and rebuilds most dependencies).
@@ -306,6 +320,8 @@ workspace_tests() {
   mapfile -t targets <<<"$targets"
   for row in "${targets[@]}"; do
     IFS=$'\t' read -r target src <<<"$row"
+    # The Citus tests need a cluster: scripts/citus.sh starts one and runs them.
+    [[ "$target" == citus ]] && continue
     if [[ "$src" != */main.rs ]]; then
       cargo test "${CI_TESTS[@]}" --test "$target"
       continue

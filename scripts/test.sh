@@ -3,7 +3,9 @@
 # workspace's integration tests (the `inbox` CLI's included) and the Python and Node examples,
 # against a fresh database with the extension installed and again against one with the SQL-only
 # build (scripts/sql-only-test.sh checks that build first), the upgrade from the previous release,
-# then the fault suite (scripts/faults.sh).
+# then the fault suite (scripts/faults.sh), the Citus tests (scripts/citus.sh, which builds
+# Citus from the tarball INBOX_CITUS_SOURCE names where it is not installed) and the dashboard in
+# headless Chromium (installed from Debian with its driver).
 #
 #   ./scripts/test.sh [--quick]
 #
@@ -87,6 +89,10 @@ else
     "$logs/clippy-pg-tests.log" clippy_and_pg_tests
 fi
 parallel "the ci build (tests, extension, previous release)" "$logs/build.log" build_ci
+if ((!quick)); then
+  # Built from INBOX_CITUS_SOURCE only where it is missing (scripts/citus.sh).
+  parallel "Citus (scripts/citus.sh install)" "$logs/citus-install.log" ./scripts/citus.sh install
+fi
 wait_parallel
 
 stage "install the extension (ci profile)"
@@ -126,6 +132,14 @@ on_sql_only_build() {
   examples "$sql_only_url"
 }
 
+# The dashboard in a real browser (cli/tests/ui/browser.rs, ignored by a plain cargo test).
+dashboard_in_a_browser() {
+  part "Chromium and chromedriver"
+  ensure_browser
+  part "the dashboard in Chromium (cargo test --test ui -- --ignored)"
+  INBOX_TEST_DATABASE_URL="$url" cargo test "${CI_TESTS[@]}" --test ui -- --ignored browser::
+}
+
 if ((quick)); then
   stage "cargo test (integration tests against $url)"
   workspace_tests "$url"
@@ -137,6 +151,10 @@ else
     ./scripts/upgrade-test.sh "$INBOX_PG_URL"
   parallel "the fault suite (scripts/faults.sh, docs/reliability.md)" "$logs/faults.log" \
     fault_suite
+  parallel "the Citus tests on a cluster of three nodes (scripts/citus.sh test)" "$logs/citus.log" \
+    ./scripts/citus.sh test
+  parallel "the dashboard in a browser (cli/tests/ui/browser.rs)" "$logs/browser.log" \
+    dashboard_in_a_browser
   wait_parallel
 fi
 

@@ -341,6 +341,7 @@ pub async fn jobs(
         Option<String>,
         Option<Value>,
         Option<String>,
+        Option<Value>,
     );
     let jobs: Vec<JobRow> = rows
         .iter()
@@ -353,30 +354,44 @@ pub async fn jobs(
                 row.get(4),
                 row.get(5),
                 row.get(6),
+                row.get(7),
             )
         })
         .collect();
     let value = Value::Array(
         jobs.iter()
-            .map(|(id, state, attempt, due, error, json, bytes)| {
+            .map(|(id, state, attempt, due, error, json, bytes, progress)| {
                 json!({
                     "id": id, "state": state, "attempt": attempt, "due": due,
                     "last_error": error, "payload": payload_value(json.clone(), bytes.clone()),
+                    "progress": progress,
                 })
             })
             .collect(),
     );
     out.emit(value, || {
         table(
-            &["id", "state", "attempt", "due", "last error", "payload"],
+            &[
+                "id",
+                "state",
+                "attempt",
+                "due",
+                "last error",
+                "progress",
+                "payload",
+            ],
             jobs.iter()
-                .map(|(id, state, attempt, due, error, json, bytes)| {
+                .map(|(id, state, attempt, due, error, json, bytes, progress)| {
                     vec![
                         id.to_string(),
                         state.clone(),
                         attempt.to_string(),
                         due.clone().unwrap_or_default(),
                         preview(error.as_deref().unwrap_or(""), PREVIEW),
+                        progress
+                            .as_ref()
+                            .map(|p| preview(&p.to_string(), PREVIEW))
+                            .unwrap_or_default(),
                         payload_text(json, bytes),
                     ]
                 })

@@ -12,6 +12,7 @@ mod outboxes;
 mod output;
 mod relay;
 mod sql;
+mod ui;
 
 use std::process::ExitCode;
 
@@ -159,6 +160,25 @@ enum Command {
     Outbox(OutboxCommand),
     /// Relay an outbox's messages into NATS JetStream until interrupted (Ctrl-C or SIGTERM).
     Relay(RelayArgs),
+    /// Serve a web dashboard of the queues and outboxes until interrupted: jobs by filter, one
+    /// job in full, dead letters by error, and actions (requeue, discard, cancel, pause, resume,
+    /// enqueue) unless --read-only.
+    Ui {
+        /// The address to listen on (port 0 picks a free one; the address is printed). An
+        /// address other machines can reach needs --token.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9634")]
+        listen: String,
+        /// The path a reverse proxy serves the dashboard under, such as /inbox.
+        #[arg(long, value_name = "PATH", default_value = "")]
+        base_path: String,
+        /// Show everything and change nothing: the server refuses every action with 403.
+        #[arg(long)]
+        read_only: bool,
+        /// Ask for this token: as the password of HTTP basic auth (any user name) or as
+        /// `Authorization: Bearer TOKEN`.
+        #[arg(long, env = "INBOX_UI_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Serve every queue's and outbox's gauges at /metrics in the Prometheus text format.
     Metrics {
         /// The address to listen on (port 0 picks a free one; the address is printed).
@@ -366,6 +386,23 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let out = output::Output::new(cli.json);
     match cli.command {
         Command::Metrics { listen } => metrics::serve(&url, &listen).await,
+        Command::Ui {
+            listen,
+            base_path,
+            read_only,
+            token,
+        } => {
+            ui::serve(
+                &url,
+                ui::UiOptions {
+                    listen,
+                    base_path,
+                    read_only,
+                    token,
+                },
+            )
+            .await
+        }
         Command::Relay(args) => {
             relay::run(
                 &url,
@@ -468,7 +505,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                         outboxes::discard(&db, &out, &outbox, &ids).await
                     }
                 },
-                Command::Metrics { .. } | Command::Relay(_) => unreachable!("handled above"),
+                Command::Metrics { .. } | Command::Ui { .. } | Command::Relay(_) => {
+                    unreachable!("handled above")
+                }
             }
         }
     }

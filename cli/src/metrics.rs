@@ -480,7 +480,7 @@ pub async fn serve(url: &str, listen: &str) -> Result<(), CliError> {
         .map_err(|e| CliError::Io(format!("the metrics server failed: {e}")))
 }
 
-async fn shutdown() {
+pub(crate) async fn shutdown() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -223,7 +223,7 @@ pub async fn run(url: &str, out: &Output, request: RelayRequest<'_>) -> Result<(
     let given = request.outbox;
     let outbox: String = {
         let db = Db::connect(url).await?;
-        db.one(&sql::OUTBOX_NAME, &[&request.outbox]).await?.get(0)
+        db.one(&sql::TABLE_NAME, &[&request.outbox]).await?.get(0)
     };
     let (config, secret) = db::config(url)?;
     let manager = Manager::from_config(

@@ -85,7 +85,8 @@ pub const LIMITS: Sql = Sql {
 /// `inbox_jobs(queue, state, max)`; bytea payloads in base64.
 pub const JOBS: Sql = Sql {
     text: "SELECT id, state, attempt, to_json(due) #>> '{}', last_error, payload, \
-        encode(payload_bytes, 'base64') FROM inbox_jobs($1::text::regclass, $2::text, $3::int4)",
+        encode(payload_bytes, 'base64'), progress \
+        FROM inbox_jobs($1::text::regclass, $2::text, $3::int4)",
     params: &[Type::TEXT, Type::TEXT, Type::INT4],
 };
 
@@ -217,9 +218,9 @@ pub const OUTBOX_METRICS: Sql = Sql {
     params: &[],
 };
 
-/// An outbox's schema-qualified name (`public.events`), as `outboxes` and the metrics name it;
-/// an error when there is no such table.
-pub const OUTBOX_NAME: Sql = Sql {
+/// A table's schema-qualified name (`public.events`), as `outboxes`, the metrics and the
+/// dashboard name an outbox or a queue; an error when there is no such table.
+pub const TABLE_NAME: Sql = Sql {
     text: "SELECT (pg_identify_object('pg_class'::regclass, $1::text::regclass, 0)).identity",
     params: &[Type::TEXT],
 };
@@ -258,11 +259,115 @@ pub const TRANSACTION_TIMEOUT: Sql = Sql {
     params: &[Type::TEXT],
 };
 
+/// `inbox_job_page(queue, state, priority, group_key, key, before, max)`: a page of jobs, newest
+/// first, its times as text.
+pub const JOB_PAGE: Sql = Sql {
+    text: "SELECT id, state, attempt, priority, group_key, key, to_json(due) #>> '{}', \
+        to_json(enqueued_at) #>> '{}', to_json(leased_at) #>> '{}', to_json(dead_at) #>> '{}', \
+        last_error \
+        FROM inbox_job_page($1::text::regclass, $2::text, $3::int4, $4::text, $5::text, $6::int8, $7::int4)",
+    params: &[
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT8,
+        Type::INT4,
+    ],
+};
+
+/// `inbox_job_count(queue, state, priority, group_key, key, exact_up_to)`: exact up to the bound,
+/// the planner's estimate beyond.
+pub const JOB_COUNT: Sql = Sql {
+    text: "SELECT jobs, exact \
+        FROM inbox_job_count($1::text::regclass, $2::text, $3::int4, $4::text, $5::text, $6::int8)",
+    params: &[
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT8,
+    ],
+};
+
+/// `inbox_job_detail(queue, id)`: the job's state and its row, as indented JSON.
+pub const JOB_DETAIL: Sql = Sql {
+    text: "SELECT state, jsonb_pretty(job) FROM inbox_job_detail($1::text::regclass, $2::int8)",
+    params: &[Type::TEXT, Type::INT8],
+};
+
+/// `inbox_result(queue, id)`: how a job that left its queue ended.
+pub const JOB_RESULT: Sql = Sql {
+    text: "SELECT state, jsonb_pretty(result), last_error, to_json(finished_at) #>> '{}' \
+        FROM inbox_result($1::text::regclass, $2::int8)",
+    params: &[Type::TEXT, Type::INT8],
+};
+
+/// `inbox_dead_letter_groups(queue, max)`: dead jobs by their last error.
+pub const DEAD_LETTER_GROUPS: Sql = Sql {
+    text: "SELECT last_error, jobs, to_json(first_dead_at) #>> '{}', \
+        to_json(last_dead_at) #>> '{}', newest_id \
+        FROM inbox_dead_letter_groups($1::text::regclass, $2::int4)",
+    params: &[Type::TEXT, Type::INT4],
+};
+
+/// `inbox_requeue_dead_with_error(queue, last_error)`: how many it put back.
+pub const REQUEUE_DEAD_WITH_ERROR: Sql = Sql {
+    text: "SELECT inbox_requeue_dead_with_error($1::text::regclass, $2::text)",
+    params: &[Type::TEXT, Type::TEXT],
+};
+
+/// `inbox_queue_activity(queue)`: the rows inserted into and deleted from the queue so far.
+pub const QUEUE_ACTIVITY: Sql = Sql {
+    text: "SELECT enqueued, settled FROM inbox_queue_activity($1::text::regclass)",
+    params: &[Type::TEXT],
+};
+
+/// `inbox_blocked_groups(queue, max)`: groups with jobs waiting, and the head each waits on.
+pub const BLOCKED_GROUPS: Sql = Sql {
+    text: "SELECT group_key, waiting, head_id, head_state, head_attempt, \
+        to_json(head_due) #>> '{}', head_last_error \
+        FROM inbox_blocked_groups($1::text::regclass, $2::int4)",
+    params: &[Type::TEXT, Type::INT4],
+};
+
+/// `inbox_paused_since(queue)`: when the queue was paused, NULL while it runs.
+pub const PAUSED_SINCE: Sql = Sql {
+    text: "SELECT inbox_paused_since($1::text::regclass) IS NOT NULL",
+    params: &[Type::TEXT],
+};
+
+/// `inbox_ledgers()`: every ledger with its estimated keys and its size.
+pub const LEDGERS: Sql = Sql {
+    text: "SELECT (pg_identify_object('pg_class'::regclass, ledger, 0)).identity, keys_estimate, bytes \
+        FROM inbox_ledgers()",
+    params: &[],
+};
+
+/// `inbox_act_on_matching(queue, action, state, priority, group_key, key, max)`: how many jobs
+/// it requeued, discarded or cancelled.
+pub const ACT_ON_MATCHING: Sql = Sql {
+    text:
+        "SELECT inbox_act_on_matching($1::text::regclass, $2::text, $3::text, $4::int4, $5::text, \
+        $6::text, $7::int4)",
+    params: &[
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+    ],
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const ALL: [&Sql; 23] = [
+    const ALL: [&Sql; 34] = [
         &QUEUES,
         &STATS,
         &JOBS,
@@ -280,12 +385,23 @@ mod tests {
         &METRICS,
         &OUTBOXES,
         &OUTBOX_METRICS,
-        &OUTBOX_NAME,
+        &TABLE_NAME,
         &OUTBOX_MESSAGES,
         &OUTBOX_REQUEUE,
         &OUTBOX_REQUEUE_DEAD,
         &OUTBOX_DISCARD,
         &TRANSACTION_TIMEOUT,
+        &JOB_PAGE,
+        &JOB_COUNT,
+        &JOB_DETAIL,
+        &JOB_RESULT,
+        &DEAD_LETTER_GROUPS,
+        &REQUEUE_DEAD_WITH_ERROR,
+        &QUEUE_ACTIVITY,
+        &BLOCKED_GROUPS,
+        &PAUSED_SINCE,
+        &LEDGERS,
+        &ACT_ON_MATCHING,
     ];
 
     /// The type name of each `$n`'s first cast (`_jsonb` for `jsonb[]`), `$1` first; `None` for a

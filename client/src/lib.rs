@@ -87,6 +87,7 @@ mod sql;
 mod statement;
 mod tx;
 pub mod worker;
+mod workflow;
 
 pub use clock::{format_rfc3339, Clock, ManualClock, SystemClock};
 pub use database::Database;
@@ -101,6 +102,9 @@ pub use rows::{FromValue, Row, Rows};
 pub use schedule::Schedule;
 pub use statement::{Statement, Value};
 pub use tx::PgTransaction;
+pub use workflow::{
+    Batch, BatchCallbacks, BatchMember, BatchStatus, JobRef, JobResult, JobState, ResultWaiter,
+};
 
 /// The deadpool-postgres this crate is built on, for [`PgDatabase::from_pool`] and
 /// [`PgTransaction::new`].

@@ -224,3 +224,74 @@ pub(crate) const QUEUE_VACUUM_DUE: &str = "SELECT inbox_vacuum_due($1::text::reg
 pub(crate) fn vacuum(table: &str) -> String {
     format!("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE OFF) {table}")
 }
+
+/// The parents of a dependant, sent as a JSON array of `[queue, id]` pairs ($n), as `inbox_job[]`.
+macro_rules! parents {
+    ($n:literal) => {
+        concat!(
+            "ARRAY(SELECT inbox_job((p->>0)::regclass, (p->>1)::int8) \
+               FROM jsonb_array_elements(coalesce($",
+            $n,
+            "::jsonb, '[]')) WITH ORDINALITY AS a(p, n) ORDER BY n)"
+        )
+    };
+}
+
+/// `inbox_enqueue_after(queue, payload, depends_on, run_at, key, priority, timeout)`.
+pub(crate) const QUEUE_ENQUEUE_AFTER: &str = concat!(
+    "SELECT inbox_enqueue_after($1::text::regclass, $2::jsonb, ",
+    parents!("3"),
+    ", coalesce($4::timestamptz, now()), $5::text, $6::int4, \
+     $7::float8 * interval '1 second') AS id"
+);
+
+/// `inbox_keep_results(queue, keep)`: how long succeeded jobs are kept (NULL: not at all).
+pub(crate) const QUEUE_KEEP_RESULTS: &str =
+    "SELECT inbox_keep_results($1::text::regclass, $2::float8 * interval '1 second')";
+
+/// `inbox_result(queue, id)`: where a job stands; no row when it is gone.
+pub(crate) const QUEUE_RESULT: &str =
+    "SELECT state, attempt, result, last_error, finished_at, progress \
+       FROM inbox_result($1::text::regclass, $2::int8)";
+
+/// `inbox_result_channel(queue)`: where the queue announces settled jobs to waiters.
+pub(crate) const QUEUE_RESULT_CHANNEL: &str =
+    "SELECT inbox_result_channel($1::text::regclass) AS channel";
+
+/// `inbox_set_result(queue, id, token, result)`: a delivery's result, ahead of its ack.
+pub(crate) const QUEUE_SET_RESULT: &str =
+    "SELECT inbox_set_result($1::text::regclass, $2::int8, $3::int8, $4::jsonb)";
+
+/// `inbox_ack_with_result(queue, id, token, result)`: acks a job and keeps its result.
+pub(crate) const QUEUE_ACK_WITH_RESULT: &str =
+    "SELECT inbox_ack_with_result($1::text::regclass, $2::int8, $3::int8, $4::jsonb)";
+
+/// `inbox_purge_results(max)`: deletes expired results and day-old finished batches.
+pub(crate) const PURGE_RESULTS: &str = "SELECT inbox_purge_results($1::int4)";
+
+/// `inbox_batch_open(on_complete_queue, on_complete, on_failure_queue, on_failure)`.
+pub(crate) const BATCH_OPEN: &str = "SELECT inbox_batch_open($1::text::regclass, $2::jsonb, \
+     $3::text::regclass, $4::jsonb) AS batch";
+
+/// `inbox_batch_add(batch, queue, payload, depends_on, run_at, key, priority, timeout)`.
+pub(crate) const BATCH_ADD: &str = concat!(
+    "SELECT inbox_batch_add($1::int8, $2::text::regclass, $3::jsonb, ",
+    parents!("4"),
+    ", coalesce($5::timestamptz, now()), $6::text, $7::int4, \
+     $8::float8 * interval '1 second') AS id"
+);
+
+/// `inbox_batch_seal(batch)`.
+pub(crate) const BATCH_SEAL: &str = "SELECT inbox_batch_seal($1::int8) AS sealed";
+
+/// `inbox_batch(batch)`: its counts.
+pub(crate) const BATCH_STATUS: &str =
+    "SELECT members, succeeded, died, created_at, sealed_at, finished_at FROM inbox_batch($1::int8)";
+
+/// `inbox_batch_members(batch)`.
+pub(crate) const BATCH_MEMBERS: &str =
+    "SELECT queue::text AS queue, id, outcome, result FROM inbox_batch_members($1::int8)";
+
+/// `inbox_set_progress(queue, id, token, progress)`: the heartbeat's note of a handler's progress.
+pub(crate) const QUEUE_SET_PROGRESS: &str =
+    "SELECT inbox_set_progress($1::text::regclass, $2::int8, $3::int8, $4::jsonb)";

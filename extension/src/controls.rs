@@ -187,7 +187,7 @@ pub(crate) fn key_predicate(client: &SpiClient<'_>, queue: Oid) -> String {
 }
 
 /// The extension's schema, quoted.
-fn schema(client: &SpiClient<'_>) -> String {
+pub(crate) fn schema(client: &SpiClient<'_>) -> String {
     SCHEMA.with(|cached| {
         cached
             .borrow_mut()

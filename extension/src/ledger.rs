@@ -85,6 +85,7 @@ fn inbox_purge(ledger: Option<RegClass>, older_than: Option<TimestampWithTimeZon
     let ledger = required(ledger, "ledger").0;
     let older_than = finite_time(older_than, "older_than");
     Spi::connect_mut(|client| {
+        crate::citus::check_purge(client, ledger);
         let plan = plans::ledger_plan(client, ledger, Op::Purge, statements::purge);
         let mut purged = 0;
         loop {

@@ -8,6 +8,7 @@
 
 use pgrx::prelude::*;
 
+mod citus;
 mod controls;
 mod datum;
 mod dead_letters;
@@ -26,6 +27,7 @@ mod statements;
 mod upkeep;
 mod wakeups;
 pub mod worker_calls;
+mod workflows;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;

@@ -15,6 +15,15 @@ use crate::plans;
 use crate::shape::{LedgerShape, Payload, QueueShape};
 use crate::statements::{Sql, PURGE_BATCH};
 
+// Browsing a queue's jobs (pages, counts, one job, dead letters by error): the same SQL in both
+// builds, off the job path. After citus.sql, which also follows workflows.sql: one order, so that
+// the generated schema is the same at every build.
+extension_sql_file!(
+    "../../sql/shared/browse.sql",
+    name = "browse",
+    requires = ["citus"]
+);
+
 /// The tables of queue shape that the caller may read: the columns every queue needs, of the
 /// types `shape.rs` accepts, and no optional column of a type it would refuse (so loading the
 /// shape of any table listed cannot fail). Partitions are left out: their parent is the queue.
@@ -186,8 +195,10 @@ fn jobs_sql(queue: &QueueShape, states: &States, state: Option<State>) -> Sql {
             "SELECT id::int8, \
                     CASE WHEN {dead} THEN 'dead' WHEN {ready} THEN 'ready' \
                          WHEN {leased} THEN 'leased' ELSE 'delayed' END, \
-                    attempt::int4, locked_until, {last_error}, payload \
-               FROM {table} WHERE {filter} ORDER BY locked_until{nulls}, id LIMIT $2",
+                    attempt::int4, locked_until, {last_error}, payload, \
+                    NULLIF(pg_catalog.to_jsonb(q) OPERATOR(pg_catalog.->) 'progress', \
+                                      'null'::pg_catalog.jsonb) \
+               FROM {table} AS q WHERE {filter} ORDER BY locked_until{nulls}, id LIMIT $2",
             dead = states.dead,
             ready = states.ready,
             leased = states.leased(),
@@ -367,7 +378,7 @@ fn inbox_metrics() -> TableIterator<
 }
 
 /// One job as an operator sees it: `payload` for a `jsonb` queue, `payload_bytes` for a `bytea`
-/// one.
+/// one, and the progress its running delivery recorded (`inbox_set_progress`).
 type JobRow = (
     i64,
     String,
@@ -376,6 +387,7 @@ type JobRow = (
     Option<String>,
     Option<Jsonb>,
     Option<Bytea>,
+    Option<Jsonb>,
 );
 
 /// Up to `max` jobs of `queue` in `state` (`ready`, `delayed`, `leased`, `dead`; NULL for all),
@@ -397,6 +409,7 @@ fn inbox_jobs(
         name!(last_error, Option<String>),
         name!(payload, Option<Jsonb>),
         name!(payload_bytes, Option<Bytea>),
+        name!(progress, Option<Jsonb>),
     ),
 > {
     let queue = required(queue, "queue").0;
@@ -417,6 +430,8 @@ fn inbox_jobs(
                 // SAFETY: the statement returned this row, with the payload in column 6, and SPI
                 // is still connected; the datum is copied out of SPI's memory.
                 let payload = unsafe { spi_result_datum(n, 6) };
+                // SAFETY: as the payload's, column 7.
+                let progress = unsafe { spi_result_datum(n, 7) };
                 let (json, bytes) = match shape.payload {
                     Payload::Jsonb => (payload.map(Jsonb), None),
                     Payload::Bytea => (None, payload.map(Bytea)),
@@ -429,6 +444,7 @@ fn inbox_jobs(
                     row.get::<String>(5).ok().flatten(),
                     json,
                     bytes,
+                    progress.map(Jsonb),
                 )
             })
             .collect()
@@ -459,6 +475,7 @@ fn inbox_purge_at_most(
         raise(ERRCODE_INVALID_PARAMETER_VALUE, "max must be at least 1");
     }
     Spi::connect_mut(|client| {
+        crate::citus::check_purge(client, ledger);
         let sql = purge_sql(&plans::ledger(client, ledger));
         let mut purged = 0;
         while purged < max {

@@ -709,7 +709,26 @@ fn inbox_retry(
         token,
         Op::Retry,
         statements::retry,
-        &[clock_now(), delay.into(), max, error],
+        &[clock_now(), due_after(delay), max, error],
+    )
+}
+
+/// The clock's time plus `delay`, as PostgreSQL adds them (months and days in the session's
+/// time zone).
+fn due_after(delay: Interval) -> DatumWithOid<'static> {
+    // SAFETY: both arguments are given and non-NULL; the result is a timestamptz by value.
+    let due = unsafe {
+        pgrx::direct_function_call::<pgrx::datum::TimestampWithTimeZone>(
+            pg_sys::timestamptz_pl_interval,
+            &[
+                Some(pg_sys::Datum::from(pg_sys::GetCurrentTimestamp())),
+                delay.into_datum(),
+            ],
+        )
+    };
+    due.map_or_else(
+        || DatumWithOid::null_oid(pg_sys::TIMESTAMPTZOID),
+        DatumWithOid::from,
     )
 }
 

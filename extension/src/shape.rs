@@ -202,6 +202,7 @@ impl QueueShape {
     pub fn load(client: &SpiClient<'_>, oid: Oid) -> QueueShape {
         let table = Table::load(client, oid);
         const KIND: &str = "queue";
+        crate::citus::check(client, oid, KIND);
         table.column(KIND, "id", INTEGERS, true);
         table.column(KIND, "attempt", INTEGERS, true);
         let locked_until = table.column(KIND, "locked_until", TIMESTAMPTZ, true);
@@ -239,6 +240,7 @@ impl QueueShape {
 impl LedgerShape {
     pub fn load(client: &SpiClient<'_>, oid: Oid) -> LedgerShape {
         let table = Table::load(client, oid);
+        crate::citus::check(client, oid, "ledger");
         table.column("ledger", "event_key", TEXTS, true);
         table.column("ledger", "seen_at", TIMESTAMPTZ, true);
         LedgerShape { table: table.table }

@@ -72,7 +72,8 @@ pub(crate) fn create_queue(table: &str) -> String {
              run_at pg_catalog.timestamptz, \
              dead_at pg_catalog.timestamptz, \
              snoozes integer NOT NULL DEFAULT 0, \
-             timeout pg_catalog.interval \
+             timeout pg_catalog.interval, \
+             progress pg_catalog.jsonb \
          ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, \
                  autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, \
                  autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05); \
@@ -521,8 +522,10 @@ fn release_columns(queue: &QueueShape, error_parameter: &str, dead: &str, now: &
     set
 }
 
-/// `$3` now, `$4` delay, `$5` max attempts (NULL: unlimited; snoozed deliveries do not count),
-/// `$6` error. A job retried keeps its place as its group's head; one dead-lettered hands it on.
+/// `$3` now, `$4` when it is due again (now plus the delay, added by the caller: Citus routes no
+/// CASE with a function that is not immutable, as `timestamptz + interval` is), `$5` max
+/// attempts (NULL: unlimited; snoozed deliveries do not count), `$6` error. A job retried keeps
+/// its place as its group's head; one dead-lettered hands it on.
 pub(crate) fn retry(queue: &QueueShape) -> Sql {
     let dies = format!(
         "(attempt {PLUS} {LOCKED_COUNT} {MINUS} {}) {GE} $5",
@@ -532,7 +535,7 @@ pub(crate) fn retry(queue: &QueueShape) -> Sql {
         text: format!(
             "UPDATE {} SET attempt = attempt {PLUS} {LOCKED_COUNT}, \
                            locked_until = CASE WHEN {dies} \
-                                               THEN {INFINITY} ELSE $3 {PLUS} $4 END{} \
+                                               THEN {INFINITY} ELSE $4 END{} \
               WHERE {}{}",
             queue.table,
             release_columns(queue, "$6", &dies, "$3"),
@@ -543,7 +546,7 @@ pub(crate) fn retry(queue: &QueueShape) -> Sql {
             pg_sys::INT8OID,
             pg_sys::INT8OID,
             pg_sys::TIMESTAMPTZOID,
-            pg_sys::INTERVALOID,
+            pg_sys::TIMESTAMPTZOID,
             pg_sys::INT4OID,
             pg_sys::TEXTOID,
         ],

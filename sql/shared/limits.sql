@@ -87,6 +87,7 @@ CREATE OR REPLACE FUNCTION inbox__check_limited_queue(queue pg_catalog.regclass)
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM @extschema@.inbox__check_queue(queue);
+    PERFORM @extschema@.inbox__citus_check_local(queue, 'limits');
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
                     WHERE a.attrelid = queue AND a.attname = 'leased_at'
                       AND a.atttypid = 'pg_catalog.timestamptz'::pg_catalog.regtype

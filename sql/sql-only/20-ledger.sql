@@ -24,6 +24,7 @@ BEGIN
         existing := ledger::pg_catalog.regclass;
     END IF;
     PERFORM %1$s.inbox__ledger_shape(existing);
+    PERFORM %1$s.inbox__citus_check(existing, 'ledger');
     RETURN existing;
 END
 $body$

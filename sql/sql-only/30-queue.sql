@@ -34,7 +34,8 @@ BEGIN
             '    run_at pg_catalog.timestamptz, '
             '    dead_at pg_catalog.timestamptz, '
             '    snoozes integer NOT NULL DEFAULT 0, '
-            '    timeout pg_catalog.interval '
+            '    timeout pg_catalog.interval, '
+            '    progress pg_catalog.jsonb '
             ') WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, '
             '        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000, '
             '        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0.05)', queue);
@@ -54,6 +55,7 @@ BEGIN
         existing := queue::pg_catalog.regclass;
     END IF;
     PERFORM %1$s.inbox__queue_shape(existing);
+    PERFORM %1$s.inbox__citus_check(existing, 'queue');
     RETURN existing;
 END
 $body$
@@ -613,6 +615,7 @@ DECLARE
     dies text;
     group_key text;
     applied bigint;
+    now timestamptz;
 BEGIN
     PERFORM inbox__check_interval(delay, 'delay', true);
     IF max_attempts < 1 THEN
@@ -620,7 +623,9 @@ BEGIN
     END IF;
     PERFORM inbox__check_settlement(queue, id, token);
     shape := inbox__queue_shape(queue);
-    -- Snoozed deliveries do not count (statements.rs retry).
+    now := clock_timestamp();
+    -- Snoozed deliveries do not count (statements.rs retry). The caller adds the delay: Citus
+    -- routes no CASE with a function that is not immutable, as timestamptz + interval is.
     dies := format('attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END - %s >= $5',
                    CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END);
     -- A job retried keeps its place as its group's head; one dead-lettered hands it on.
@@ -628,13 +633,13 @@ BEGIN
         inbox__prepared(format(
             'WITH settled AS ( '
             '  UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
-            '                locked_until = CASE WHEN %s THEN ''infinity''::timestamptz ELSE $3 + $4 END%s '
+            '                locked_until = CASE WHEN %s THEN ''infinity''::timestamptz ELSE $4 END%s '
             '   WHERE %s%s) '
             'SELECT count(*), max(g) FROM settled AS s(g)',
             shape.table_sql, dies, inbox__release_columns(shape, '$6', dies, '$3'),
             inbox__fence_predicate(), inbox__settled_group(shape, 'locked_until = ''infinity''')),
-            'int8, int8, timestamptz, interval, int4, text'),
-        id, token, clock_timestamp(), delay, max_attempts, error)
+            'int8, int8, timestamptz, timestamptz, int4, text'),
+        id, token, now, now + delay, max_attempts, error)
       INTO applied, group_key;
     IF applied = 1 AND group_key IS NOT NULL THEN
         PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);

@@ -146,9 +146,12 @@ AS $function$
 $function$;
 
 -- inbox_jobs's body: PL/pgSQL cannot name an argument and a result column both `state`.
+-- Installed by an earlier version: without the column progress.
+DROP FUNCTION IF EXISTS inbox_jobs(regclass, text, int);
+DROP FUNCTION IF EXISTS inbox__jobs(regclass, text, int);
 CREATE OR REPLACE FUNCTION inbox__jobs(queue regclass, wanted text, max int)
 RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
-               payload jsonb, payload_bytes bytea)
+               payload jsonb, payload_bytes bytea, progress jsonb)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $function$
@@ -175,8 +178,10 @@ BEGIN
     RETURN QUERY EXECUTE format(
         'SELECT id::int8, CASE WHEN %s THEN ''dead'' WHEN %s THEN ''ready'' '
         '                      WHEN %s THEN ''leased'' ELSE ''delayed'' END, '
-        '       attempt::int4, locked_until, %s, %s '
-        '  FROM %s WHERE %s ORDER BY locked_until%s, id LIMIT $2',
+        '       attempt::int4, locked_until, %s, %s, '
+        '       NULLIF(pg_catalog.to_jsonb(q) OPERATOR(pg_catalog.->) ''progress'', '
+        '                         ''null''::pg_catalog.jsonb) '
+        '  FROM %s AS q WHERE %s ORDER BY locked_until%s, id LIMIT $2',
         states.dead, states.ready, states.leased,
         CASE WHEN shape.has_last_error THEN 'last_error::text' ELSE 'NULL::text' END,
         CASE shape.payload WHEN 'bytea' THEN 'NULL::jsonb, payload' ELSE 'payload, NULL::bytea' END,
@@ -188,7 +193,7 @@ $function$;
 
 CREATE OR REPLACE FUNCTION inbox_jobs(queue regclass, state text DEFAULT NULL, max int DEFAULT 100)
 RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
-               payload jsonb, payload_bytes bytea)
+               payload jsonb, payload_bytes bytea, progress jsonb)
 LANGUAGE sql STABLE PARALLEL UNSAFE
 SET search_path FROM CURRENT
 AS $function$
@@ -226,6 +231,7 @@ BEGIN
     PERFORM inbox__required(ledger, 'ledger');
     PERFORM inbox__finite_time(older_than, 'older_than');
     table_sql := (inbox__ledger_shape(ledger)).table_sql;
+    PERFORM inbox__citus_check_purge(ledger);
     LOOP
         deleted := inbox__purge_batch(table_sql, older_than, batch_size);
         purged := purged + deleted;
@@ -258,6 +264,7 @@ BEGIN
             MESSAGE = 'max must be at least 1';
     END IF;
     table_sql := (inbox__ledger_shape(ledger)).table_sql;
+    PERFORM inbox__citus_check_purge(ledger);
     WHILE purged < max LOOP
         batch := least(max - purged, batch_size);
         deleted := inbox__purge_batch(table_sql, older_than, batch);

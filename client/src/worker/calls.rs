@@ -161,6 +161,26 @@ pub(crate) async fn dead(
     .await
 }
 
+/// Runs `statement`, one of the calls that take a job's fence and a JSON value (its result or
+/// its progress): `inbox_ack_with_result`, `inbox_set_result`, `inbox_set_progress`. Whether the
+/// token still held the job.
+pub(crate) async fn with_json(
+    client: &Object,
+    statements: StatementMode,
+    statement: &str,
+    queue: &str,
+    job: (i64, i64),
+    value: &serde_json::Value,
+) -> Result<bool, DbError> {
+    one_bool(
+        client,
+        statements,
+        statement,
+        &[&queue, &job.0, &job.1, value],
+    )
+    .await
+}
+
 pub(crate) async fn extend(
     client: &Object,
     statements: StatementMode,

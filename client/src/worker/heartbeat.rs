@@ -1,4 +1,5 @@
-//! Extends the leases of jobs whose handlers are still running.
+//! Extends the leases of jobs whose handlers are still running, and records the progress their
+//! handlers noted (`Job::set_progress`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{calls, Shared};
 use crate::error::ErrorKind;
+use crate::sql;
 
 /// `55P03 lock_not_available`: the heartbeat's lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -65,6 +67,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
         // a moment only), so the other jobs are extended in time.
         let statements = shared.db.statement_mode();
         let mut client = Some(client);
+        // The progress handlers recorded since the last tick, each job's latest.
+        let mut progress = match shared.progress.lock() {
+            Ok(mut notes) => std::mem::take(&mut *notes),
+            Err(_) => return,
+        };
         for (job, lost) in held {
             let Some(conn) = client.as_ref() else { break };
             // Bounded like every round trip: on a connection that went silent the heartbeat
@@ -82,7 +89,23 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 }
             }
             match extended {
-                Ok(true) => {}
+                Ok(true) => {
+                    if let (Some(note), Some(conn)) = (progress.remove(&job.0), client.as_ref()) {
+                        let noted = shared
+                            .bounded(calls::with_json(
+                                conn,
+                                statements,
+                                sql::QUEUE_SET_PROGRESS,
+                                &shared.queue,
+                                job,
+                                &note,
+                            ))
+                            .await;
+                        if let Err(error) = noted {
+                            tracing::warn!(queue = %shared.queue, id = job.0, %error, "cannot record progress");
+                        }
+                    }
+                }
                 Ok(false) => {
                     // Settled meanwhile, taken by another worker, or cancelled (inbox_cancel):
                     // if its handler still runs, `Job::cancelled` tells it.
@@ -94,6 +117,15 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 }
                 Err(error) => {
                     tracing::warn!(queue = %shared.queue, id = job.0, %error, "heartbeat failed")
+                }
+            }
+        }
+        // Notes this round could not carry (its connection was lost) go with the next, unless
+        // their handler noted something newer meanwhile.
+        if !progress.is_empty() {
+            if let Ok(mut notes) = shared.progress.lock() {
+                for (id, note) in progress {
+                    notes.entry(id).or_insert(note);
                 }
             }
         }

@@ -1,13 +1,18 @@
 //! What a handler receives and returns.
 
+use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::database::Database;
+
+/// Progress recorded by running handlers, by job, until the heartbeat sends it.
+pub(crate) type ProgressNotes = Arc<Mutex<HashMap<i64, serde_json::Value>>>;
 
 /// One delivery of a job: its payload decoded from JSON, and which delivery this is.
 #[derive(Clone, Debug)]
@@ -19,15 +24,33 @@ pub struct Job<T> {
     /// The payload, decoded.
     pub payload: T,
     lost: CancellationToken,
+    progress: ProgressNotes,
 }
 
 impl<T> Job<T> {
-    pub(crate) fn new(id: i64, attempt: i32, payload: T, lost: CancellationToken) -> Self {
+    pub(crate) fn new(
+        id: i64,
+        attempt: i32,
+        payload: T,
+        lost: CancellationToken,
+        progress: ProgressNotes,
+    ) -> Self {
         Job {
             id,
             attempt,
             payload,
             lost,
+            progress,
+        }
+    }
+
+    /// Records how far the handler got (a small JSON value, at most 8 KiB as text): the
+    /// worker's heartbeat writes the latest one on the job's row with its next extension of the
+    /// lease (`inbox_set_progress`, fenced by the lease), where `inbox_jobs`, `inbox_result` and
+    /// `inbox jobs` show it. Only leased deliveries with the heartbeat on carry it.
+    pub fn set_progress(&self, progress: serde_json::Value) {
+        if let Ok(mut notes) = self.progress.lock() {
+            notes.insert(self.id, progress);
         }
     }
 
@@ -52,6 +75,13 @@ impl<T> Job<T> {
 pub enum Outcome {
     /// Done: the job is deleted (in transactional mode, in the commit of the handler's writes).
     Ack,
+    /// Done, with a result that is kept (`inbox_result`) for the queue's retention, or a day:
+    /// in transactional mode, recorded in the delivery's transaction, so that it commits with
+    /// the handler's writes and the ack.
+    AckWith {
+        /// What the job produced.
+        result: serde_json::Value,
+    },
     /// Run it again after a delay; `None` takes the delay from the worker's
     /// [`RetryPolicy`](super::RetryPolicy). Past `max_attempts` the job is dead-lettered instead.
     Retry {
@@ -78,6 +108,12 @@ impl Outcome {
     /// The job is done.
     pub fn ack() -> Self {
         Outcome::Ack
+    }
+
+    /// The job is done, with `result` kept for whoever asks (`Queue::result`,
+    /// `ResultWaiter::wait`).
+    pub fn ack_with(result: serde_json::Value) -> Self {
+        Outcome::AckWith { result }
     }
 
     /// Run the job again after the policy's backoff (the attempt counts).

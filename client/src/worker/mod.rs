@@ -279,6 +279,9 @@ struct Shared {
     /// what the heartbeat extends, and what a shutdown releases if their handlers had to be
     /// abandoned.
     in_flight: Mutex<HashMap<i64, (i64, CancellationToken)>>,
+    /// Progress that running handlers recorded (`Job::set_progress`), by job, until the heartbeat
+    /// sends it.
+    progress: job::ProgressNotes,
     /// When a take last found work, in nanoseconds since `began`: the LISTEN session registers
     /// as asleep only once no take has found any for a doze (`listen.rs`).
     last_found: AtomicU64,
@@ -320,9 +323,10 @@ impl Shared {
     }
 
     fn release(&self, ids: impl IntoIterator<Item = i64>) {
-        if let Ok(mut held) = self.in_flight.lock() {
+        if let (Ok(mut held), Ok(mut progress)) = (self.in_flight.lock(), self.progress.lock()) {
             for id in ids {
                 held.remove(&id);
+                progress.remove(&id);
             }
         }
     }
@@ -677,6 +681,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             idle_slot: Notify::new(),
             stop: CancellationToken::new(),
             in_flight: Mutex::new(HashMap::new()),
+            progress: job::ProgressNotes::default(),
             lock_failures: Mutex::new(HashMap::new()),
             last_found: AtomicU64::new(0),
             began: std::time::Instant::now(),
@@ -792,9 +797,10 @@ async fn release_abandoned(shared: &Shared) {
     }
 }
 
-/// Settles a delivery that was not acked (retry, or dead-letter) through `client`, counting it in
-/// `tally`; `false` when the token was no longer the job's.
-async fn settle_failure(
+/// Settles a delivery that is not acked with others (a retry, snooze or dead-letter, or a plain
+/// worker's ack with a result) through `client`, counting it in `tally`; `false` when the token
+/// was no longer the job's.
+async fn settle_apart(
     shared: &Shared,
     client: &deadpool_postgres::Object,
     job: &calls::Taken,
@@ -804,6 +810,20 @@ async fn settle_failure(
     let fence = (job.id, job.token);
     match outcome {
         Outcome::Ack => Ok(true),
+        Outcome::AckWith { result } => {
+            let statements = shared.db.statement_mode();
+            let applied = calls::with_json(
+                client,
+                statements,
+                crate::sql::QUEUE_ACK_WITH_RESULT,
+                &shared.queue,
+                fence,
+                &result,
+            )
+            .await?;
+            tally.acked += u64::from(applied);
+            Ok(applied)
+        }
         Outcome::Snooze { after } => {
             let statements = shared.db.statement_mode();
             let applied = calls::snooze(client, statements, &shared.queue, fence, after).await?;

@@ -293,7 +293,13 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     let outcome = match decoded {
         Ok(payload) => {
             let (outcome, failed) = run_handler(
-                handler.handle(Job::new(job.id, job.attempt, payload, shared.lost(job.id))),
+                handler.handle(Job::new(
+                    job.id,
+                    job.attempt,
+                    payload,
+                    shared.lost(job.id),
+                    shared.progress.clone(),
+                )),
                 job.timeout.or(shared.settings.handler_timeout),
             )
             .await;
@@ -311,13 +317,14 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     Box::pin(settle(shared, job, outcome, tally)).await
 }
 
-/// Settles a delivery that was not acked (retried or dead-lettered) on a pooled connection.
+/// Settles a delivery that is not acked with others (retried, snoozed or dead-lettered, or acked
+/// with a result) on a pooled connection.
 async fn settle(shared: &Shared, job: Taken, outcome: Outcome, mut tally: WorkerStats) -> Finished {
     let settled = async {
         let client = shared.db.pool().get().await?;
         // Bounded like every round trip; a connection past the bound is closed.
         let settled = shared
-            .bounded(super::settle_failure(
+            .bounded(super::settle_apart(
                 shared, &client, &job, outcome, &mut tally,
             ))
             .await;

@@ -519,7 +519,7 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
         }
     }
     if !group.failures.is_empty() {
-        group.settle_failures(shared, conn).await?;
+        group.settle_aparts(shared, conn).await?;
     }
     loop {
         while let Some(job) = group.pending.pop_front() {
@@ -637,7 +637,13 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
         .with_round_trip_bound(shared.round_trip_bound());
     let delivery = catch_handler(
         handler.handle(
-            Job::new(job.id, job.attempt, payload, shared.lost(job.id)),
+            Job::new(
+                job.id,
+                job.attempt,
+                payload,
+                shared.lost(job.id),
+                shared.progress.clone(),
+            ),
             &port,
         ),
         job.timeout.or(shared.settings.handler_timeout),
@@ -685,6 +691,36 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     let (outcome, failed) = outcome_of(result);
     match outcome {
         Outcome::Ack => Delivered::Ack,
+        // The result is recorded in the delivery's transaction, ahead of the group's ack: a
+        // delivery whose token was lost meanwhile is found by that ack, which undoes both.
+        Outcome::AckWith { result } => {
+            let fence = (job.id, job.token);
+            let statements = shared.db.statement_mode();
+            let recorded = within(
+                shared.round_trip_bound(),
+                calls::with_json(
+                    conn.client(),
+                    statements,
+                    sql::QUEUE_SET_RESULT,
+                    &shared.queue,
+                    fence,
+                    &result,
+                ),
+            )
+            .await;
+            match recorded {
+                Ok(Ok(_)) => Delivered::Ack,
+                Ok(Err(error)) | Err(error) => Delivered::Failed {
+                    outcome: Outcome::Retry {
+                        after: None,
+                        reason: Some(format!("cannot keep the result: {error}")),
+                    },
+                    failed: true,
+                    wrote: true,
+                    saved,
+                },
+            }
+        }
         outcome => Delivered::Failed {
             outcome,
             failed,
@@ -845,7 +881,7 @@ impl Group {
             self.failures.push(failure);
         }
         shared.counters.add(&lost);
-        self.settle_failures(shared, conn).await
+        self.settle_aparts(shared, conn).await
     }
 
     /// When the last delivery done ran inside its savepoint and the savepoint of the next could
@@ -886,7 +922,7 @@ impl Group {
     }
 
     /// Settles every failure in the (new) transaction.
-    async fn settle_failures(
+    async fn settle_aparts(
         &mut self,
         shared: &Shared,
         conn: &SlotConnection,
@@ -908,7 +944,7 @@ impl Group {
         let mut tally = WorkerStats::default();
         let applied = within(
             shared.round_trip_bound(),
-            super::settle_failure(
+            super::settle_apart(
                 shared,
                 conn.client(),
                 &failure.job,

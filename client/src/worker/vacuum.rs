@@ -1,4 +1,5 @@
-//! Keeps the worker's queue small: vacuums it when its dead rows pile up.
+//! Keeps the worker's queue small: vacuums it when its dead rows pile up, and purges the
+//! results kept past their time.
 //!
 //! Every job leaves dead row versions (its lease's update, its ack's delete). Autovacuum visits a
 //! database at most once per `autovacuum_naptime` (a minute by default), while a busy queue
@@ -24,10 +25,22 @@ use crate::sql;
 /// statistics the server keeps, which its backends update about once a second).
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 
-/// Looks four times a second whether the queue should be vacuumed, and vacuums it; until the
-/// worker stops. A failure is logged and tried again at the next look.
+/// How many looks apart the worker purges expired results (`inbox_purge_results`): every 10 s.
+const PURGE_EVERY: u32 = 40;
+
+/// How many expired results one purge deletes at most (the next purge goes on).
+const PURGE_MAX: i32 = 1_000;
+
+/// `42883 undefined_function`: an extension too old to keep results.
+const UNDEFINED_FUNCTION: &str = "42883";
+
+/// Looks four times a second whether the queue should be vacuumed, and vacuums it, and every
+/// 10 s purges expired results; until the worker stops. A failure is logged and tried again at
+/// the next look.
 pub(super) async fn run(shared: Arc<Shared>) {
     let mut session: Option<Session> = None;
+    let mut looks: u32 = 0;
+    let mut purges = true;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(CHECK_EVERY) => {}
@@ -48,6 +61,17 @@ pub(super) async fn run(shared: Arc<Shared>) {
             // A long vacuum is not waited for at shutdown: dropping the connection ends it.
             _ = shared.stop.cancelled() => return,
         };
+        looks = looks.wrapping_add(1);
+        if purges && looks.is_multiple_of(PURGE_EVERY) && vacuumed.is_ok() {
+            match purge_results(current.client()).await {
+                Ok(purged) if purged > 0 => {
+                    tracing::debug!(purged, "purged expired results");
+                }
+                Ok(_) => {}
+                Err(error) if error.sqlstate() == Some(UNDEFINED_FUNCTION) => purges = false,
+                Err(error) => tracing::warn!(%error, "purging expired results failed"),
+            }
+        }
         match vacuumed {
             Ok(_) => session = Some(current),
             Err(error) => {
@@ -70,6 +94,14 @@ async fn vacuum_if_due(shared: &Shared, client: &tokio_postgres::Client) -> Resu
     client.batch_execute(&sql::vacuum(&table)).await?;
     tracing::debug!(queue = %shared.queue, took = ?started.elapsed(), "vacuumed the queue");
     Ok(true)
+}
+
+/// Deletes up to [`PURGE_MAX`] expired results and day-old finished batches; how many.
+async fn purge_results(client: &tokio_postgres::Client) -> Result<i64, DbError> {
+    Ok(client
+        .query_one(sql::PURGE_RESULTS, &[&PURGE_MAX])
+        .await?
+        .try_get(0)?)
 }
 
 /// The connection the vacuum runs on: one of its own when the worker has connection settings

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! faults [--full] [--cases 1,5,13] [--markdown PATH]
-//! faults child --url URL --schema S ...     (the worker process of cases 3, 8, 16)
+//! faults child --url URL --schema S ...     (the worker process of cases 3, 8, 16, 17)
 //! faults relay --url URL --schema S --nats URL   (case 15's relay process)
 //! ```
 //!
@@ -45,6 +45,8 @@ mod c14;
 mod c15;
 #[path = "faults/cases/c16_limit_slots_sigkill.rs"]
 mod c16;
+#[path = "faults/cases/c17_workflows.rs"]
+mod c17;
 #[path = "faults/child.rs"]
 mod child;
 #[path = "faults/cluster.rs"]
@@ -109,6 +111,7 @@ fn cases() -> Vec<Case> {
         case!(14, c14, false, 300),
         case!(15, c15, true, 900),
         case!(16, c16, false, 300),
+        case!(17, c17, true, 900),
     ]
 }
 

@@ -15,6 +15,10 @@
 
 #[path = "bench/burndown.rs"]
 mod burndown;
+#[path = "bench/citus.rs"]
+mod citus;
+#[path = "bench/dashboard.rs"]
+mod dashboard;
 #[path = "bench/failures.rs"]
 mod failures;
 #[path = "bench/figures.rs"]
@@ -35,6 +39,8 @@ mod sessions;
 mod setup;
 #[path = "bench/upkeep.rs"]
 mod upkeep;
+#[path = "bench/workflows.rs"]
+mod workflows;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -141,6 +147,9 @@ async fn run(args: &[String]) -> Result<()> {
             13 => outbox::outbox(&ctx).await?,
             14 => limits::limits(&ctx).await?,
             15 => failures::failures(&ctx).await?,
+            16 => workflows::workflows(&ctx).await?,
+            17 => citus::citus(&ctx).await?,
+            18 => dashboard::dashboard(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inbox_tests::TestDb;
 use tokio::sync::{mpsc, Barrier};
@@ -15,9 +15,7 @@ use tokio::time::{sleep, timeout};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls, Notification};
 
-/// How long a step that must complete (a blocked call once it is released, a notification once
-/// it is sent) may take before the test fails: generous, as the machine may be busy.
-const PATIENCE: Duration = Duration::from_secs(10);
+use crate::support::{backend_pid, wait_until_waiting_on_lock, PATIENCE};
 
 async fn create_ledger(client: &Client) {
     client
@@ -119,38 +117,6 @@ async fn stats(client: &Client) -> (i64, i64, i64, i64) {
         .await
         .unwrap();
     (row.get(0), row.get(1), row.get(2), row.get(3))
-}
-
-async fn backend_pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
-
-/// Waits until backend `pid` is waiting for a heavyweight lock, as `observer` (a connection
-/// outside any transaction, so that each query reads `pg_stat_activity` afresh) sees it.
-async fn wait_until_waiting_on_lock(observer: &Client, pid: i32) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let row = observer
-            .query_one(
-                "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
-            )
-            .await
-            .unwrap();
-        let (kind, event): (Option<String>, Option<String>) = (row.get(0), row.get(1));
-        if kind.as_deref() == Some("Lock") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "backend {pid} never waited for a lock (last wait event: {kind:?} {event:?})"
-        );
-        sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// 32 claims of one key started together on 32 connections return `true` exactly once, in each

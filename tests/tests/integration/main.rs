@@ -9,6 +9,7 @@
 
 mod support;
 
+mod browse;
 mod cancel;
 mod client_inbox;
 mod client_port;
@@ -34,3 +35,4 @@ mod wakeups;
 mod worker;
 mod worker_resilience;
 mod worker_smoke;
+mod workflows;

@@ -2,11 +2,13 @@
 //! no named prepared statement, no session state left behind, wake-ups by LISTEN on a direct
 //! connection or by polling.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inbox_client::worker::{transactional, Claim, Job, Outcome, Worker};
-use inbox_client::{Database, PgDatabase, Queue, Statement};
+use inbox_client::{Database, JobState, PgDatabase, Queue, ResultWaiter, Statement};
 use inbox_tests::{PgBouncer, TestDb};
+use serde_json::json;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 /// `26000 invalid_sql_statement_name`: the named statement does not exist on this server
@@ -268,4 +270,84 @@ async fn through_pgbouncer_a_worker_listens_directly_or_polls() {
     assert_eq!(listeners(&db).await, 0, "a polling worker LISTENs");
     handle.shutdown(Duration::from_secs(5)).await;
     assert_eq!(effects(&db, "polled").await, (1, 1));
+}
+
+/// Kept results through pgbouncer, where no LISTEN is possible: a transactional worker (through
+/// the pooler) acks each job with a result derived from its payload, and 16 callers each enqueue
+/// jobs and wait for them by polling, each getting its own result; a waiter built with
+/// [`ResultWaiter::new`] on a port without direct connection settings polls too, and never
+/// LISTENs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn through_pgbouncer_callers_poll_for_their_own_results() {
+    const CALLERS: i64 = 16;
+    const EACH: i64 = 20;
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db, 4);
+    let pg = bouncer.port_polling(24);
+    assert!(pg.listen_config().is_none());
+    let queue = Queue::new("results");
+    pg.execute(&queue.create_statement()).await.unwrap();
+    queue
+        .keep_results(&pg, Some(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let worker = Worker::transactional(
+        pg.clone(),
+        "results",
+        transactional(|job: Job<i64>, _tx: &dyn Database| {
+            Box::pin(async move {
+                Ok(Outcome::ack_with(
+                    json!({"n": job.payload, "square": job.payload * job.payload}),
+                ))
+            })
+        }),
+    )
+    .workers(4)
+    .poll_interval(Duration::from_millis(20))
+    .start();
+
+    let waiter = Arc::new(ResultWaiter::polling(&pg, Duration::from_millis(20)));
+    let mut callers = Vec::new();
+    for caller in 0..CALLERS {
+        let (pg, queue, waiter) = (pg.clone(), queue.clone(), waiter.clone());
+        callers.push(tokio::spawn(async move {
+            for k in 0..EACH {
+                let n = caller * 1000 + k;
+                let id = queue.enqueue(&pg, &n, None, None).await.unwrap().unwrap();
+                let done = waiter
+                    .wait(&queue, id, Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert_eq!(done.state, JobState::Succeeded, "job {id}: {done:?}");
+                assert_eq!(
+                    done.result,
+                    Some(json!({"n": n, "square": n * n})),
+                    "job {id}"
+                );
+                assert_eq!(done.attempt, Some(1), "job {id}");
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+
+    // No direct connection settings: `new` polls (LISTEN through the pooler would not work).
+    let waiter = ResultWaiter::new(&pg);
+    let id = queue.enqueue(&pg, &7, None, None).await.unwrap().unwrap();
+    let done = waiter
+        .wait(&queue, id, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(done.state, JobState::Succeeded, "job {id}: {done:?}");
+    assert_eq!(done.result, Some(json!({"n": 7, "square": 49})));
+    assert_eq!(listeners(&db).await, 0, "a polling waiter LISTENs");
+
+    let stats = worker.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(stats.acked as i64, CALLERS * EACH + 1, "{stats:?}");
+    assert_eq!(
+        (stats.retried, stats.dead, stats.failed, stats.lost),
+        (0, 0, 0, 0),
+        "{stats:?}"
+    );
 }

@@ -4,11 +4,15 @@ pub mod explain;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use inbox_client::worker::RetryPolicy;
 use inbox_client::{Database, PgDatabase, Queue};
 use inbox_tests::TestDb;
+
+/// How long a step that must complete (a blocked call once it is released, a notification once
+/// it is sent) may take before the test fails: generous, as the machine may be busy.
+pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// A port over `pool` connections with the queue `jobs` and a table `effects (job, attempt)`
 /// in which handlers record the runs that commit; `tables` is further SQL the test needs.
@@ -71,5 +75,37 @@ pub async fn assert_refused(client: &tokio_postgres::Client, cases: &[(&str, &st
             Some(code),
             "{sql}: {error:?}"
         );
+    }
+}
+
+pub async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Waits until backend `pid` is waiting for a heavyweight lock, as `observer` (a connection
+/// outside any transaction, so that each query reads `pg_stat_activity` afresh) sees it.
+pub async fn wait_until_waiting_on_lock(observer: &tokio_postgres::Client, pid: i32) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let row = observer
+            .query_one(
+                "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap();
+        let (kind, event): (Option<String>, Option<String>) = (row.get(0), row.get(1));
+        if kind.as_deref() == Some("Lock") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "backend {pid} never waited for a lock (last wait event: {kind:?} {event:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
