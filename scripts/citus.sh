@@ -40,8 +40,7 @@ install_citus() {
   done
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}"
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+    apt_install "${missing[@]}"
   fi
   local build patch
   build="$(mktemp -d /tmp/inbox-citus-build.XXXXXX)"

@@ -47,8 +47,7 @@ fi
 # Case 8 runs its workers under libfaketime.
 if ! dpkg -s libfaketime 2>/dev/null | grep -qx 'Status: install ok installed'; then
   echo "installing faketime"
-  apt-get update
-  DEBIAN_FRONTEND=noninteractive apt-get install -y faketime
+  apt_install faketime
 fi
 
 if [[ -z "${INBOX_PG_URL:-}" ]]; then

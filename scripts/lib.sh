@@ -143,6 +143,18 @@ on_exit() {
 
 as_postgres() { (cd / && sudo -u postgres -- "$@"); }
 
+# apt_install [OPTION...] PACKAGE...: installs Debian packages, one caller at a time. The suites
+# of scripts/test.sh run side by side and several install what they need (faketime, Chromium):
+# apt and dpkg refuse a second process outright, so each waits here for the one before it, and
+# for another process holding dpkg's lock (up to 10 minutes).
+apt_install() {
+  (
+    flock 9
+    apt-get -o DPkg::Lock::Timeout=600 update
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y "$@"
+  ) 9>/tmp/inbox-apt.lock
+}
+
 ensure_toolchain() {
   local pkg missing=()
   # pgbouncer: the connection pooler tests start one in transaction mode (they fail without it).
@@ -153,8 +165,7 @@ ensure_toolchain() {
   done
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}"
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+    apt_install "${missing[@]}"
   fi
   if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
@@ -280,8 +291,7 @@ ensure_example_runtimes() {
   command -v npm >/dev/null || missing+=(npm)
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}"
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
+    apt_install "${missing[@]}"
   fi
 }
 
@@ -294,8 +304,7 @@ ensure_browser() {
   done
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}"
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    apt_install --no-install-recommends "${missing[@]}"
   fi
 }
 
