@@ -1838,7 +1838,8 @@ CREATE OR REPLACE FUNCTION "inbox_schedules"(
 	"cron" TEXT,  /* String */
 	"time_zone" TEXT,  /* String */
 	"payload" jsonb,  /* Option < Jsonb > */
-	"next_tick" timestamp with time zone  /* TimestampWithTimeZone */
+	"next_tick" timestamp with time zone,  /* TimestampWithTimeZone */
+	"last_tick" timestamp with time zone  /* Option < TimestampWithTimeZone > */
 )
 STABLE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -3328,3 +3329,36 @@ $$;
 COMMENT ON FUNCTION inbox_act_on_matching(pg_catalog.regclass, pg_catalog.text, pg_catalog.text, pg_catalog.int4,
                                           pg_catalog.text, pg_catalog.text, pg_catalog.int4) IS
     'Requeues, discards or cancels the jobs a filter matches, at most max of them.';
+
+ALTER TABLE inbox_periodic_jobs ADD COLUMN IF NOT EXISTS last_tick pg_catalog.timestamptz;
+COMMENT ON COLUMN inbox_periodic_jobs.last_tick IS
+    'The tick the schedule last fired; NULL until its first.';
+
+CREATE OR REPLACE FUNCTION inbox_run_schedule(queue pg_catalog.regclass, name pg_catalog.text)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+    payload pg_catalog.jsonb;
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    PERFORM @extschema@.inbox__required(name, 'name');
+    IF NOT pg_catalog.has_table_privilege(queue, 'INSERT') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = pg_catalog.format('permission denied to run the schedules of queue %s', queue);
+    END IF;
+    SELECT s.payload INTO payload FROM @extschema@.inbox_periodic_jobs s
+     WHERE s.queue OPERATOR(pg_catalog.=) inbox_run_schedule.queue
+       AND s.name OPERATOR(pg_catalog.=) inbox_run_schedule.name
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42704',
+            MESSAGE = pg_catalog.format('queue %s has no schedule "%s"', queue, name);
+    END IF;
+    RETURN @extschema@.inbox_enqueue(queue, payload, now,
+        pg_catalog.format('schedule:%s:run:%s', name,
+            pg_catalog.to_char(now AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')));
+END
+$$;
+COMMENT ON FUNCTION inbox_run_schedule(pg_catalog.regclass, pg_catalog.text) IS
+    'Enqueues a schedule''s job now, outside its timetable; returns its id.';

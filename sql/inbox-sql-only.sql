@@ -2197,6 +2197,54 @@ CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
     USING (pg_catalog.has_table_privilege(queue, 'INSERT')
            OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
+-- ---- sql/shared/schedule_runs.sql ----
+
+-- When each schedule last fired, and running a schedule now, off its timetable: written once for
+-- both builds, after the table of schedules (periodic_jobs.sql). Run again over an existing
+-- install, it adds the column once and keeps the rows.
+--
+-- References to the extension's own objects are written name (see outbox.sql).
+
+-- The tick a schedule last fired (the time on its timetable, not when a lease fired it); NULL
+-- until its first. inbox_lease and inbox_lock set it with next_tick.
+ALTER TABLE inbox_periodic_jobs ADD COLUMN IF NOT EXISTS last_tick pg_catalog.timestamptz;
+COMMENT ON COLUMN inbox_periodic_jobs.last_tick IS
+    'The tick the schedule last fired; NULL until its first.';
+
+-- Enqueues the job of schedule `name` of `queue` now, as inbox_enqueue does, outside its
+-- timetable: the schedule's ticks go on as before. Its key names the schedule and the moment
+-- ('schedule:<name>:run:<UTC time>'), so a run never collides with a tick. A run needs the
+-- rights that fire the schedule, INSERT on the queue (42501); 42704 when there is no such
+-- schedule.
+CREATE OR REPLACE FUNCTION inbox_run_schedule(queue pg_catalog.regclass, name pg_catalog.text)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+    payload pg_catalog.jsonb;
+BEGIN
+    PERFORM inbox__required(queue, 'queue');
+    PERFORM inbox__required(name, 'name');
+    IF NOT pg_catalog.has_table_privilege(queue, 'INSERT') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = pg_catalog.format('permission denied to run the schedules of queue %s', queue);
+    END IF;
+    SELECT s.payload INTO payload FROM inbox_periodic_jobs s
+     WHERE s.queue OPERATOR(pg_catalog.=) inbox_run_schedule.queue
+       AND s.name OPERATOR(pg_catalog.=) inbox_run_schedule.name
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42704',
+            MESSAGE = pg_catalog.format('queue %s has no schedule "%s"', queue, name);
+    END IF;
+    RETURN inbox_enqueue(queue, payload, now,
+        pg_catalog.format('schedule:%s:run:%s', name,
+            pg_catalog.to_char(now AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')));
+END
+$$;
+COMMENT ON FUNCTION inbox_run_schedule(pg_catalog.regclass, pg_catalog.text) IS
+    'Enqueues a schedule''s job now, outside its timetable; returns its id.';
+
 -- ---- sql/shared/workflows.sql ----
 
 -- Workflows: results, waiting, dependencies and batches (docs/guide.md, "Workflows";
@@ -3280,11 +3328,12 @@ BEGIN
             groups bool,
             dead_predicate text,
             has_snoozes bool,
-            has_timeout bool
+            has_timeout bool,
+            has_errors bool
         );
     END IF;
     -- Installed by an earlier version: the fields added since.
-    FOR field IN SELECT unnest(ARRAY['has_snoozes', 'has_timeout']) LOOP
+    FOR field IN SELECT unnest(ARRAY['has_snoozes', 'has_timeout', 'has_errors']) LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
                         WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
                                            WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
@@ -3456,6 +3505,7 @@ BEGIN
                         WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
                         WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
                         WHEN 'v' THEN '{1186}'::oid[]       -- interval
+                        WHEN 'j' THEN '{3802}'::oid[]       -- jsonb
                         ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
         IF NOT found_types[at] = ANY (accepted) THEN
             RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
@@ -3480,8 +3530,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
     t := inbox__checked_columns(queue, 'queue',
-        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout}',
-        'iitpxxtixttiv', 4);
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout,errors}',
+        'iitpxxtixttivj', 4);
     shape.table_sql := t.table_sql;
     shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
     shape.nullable_locked_until := NOT t.not_nulls[3];
@@ -3494,6 +3544,7 @@ BEGIN
     shape.has_run_at := t.types[11] IS NOT NULL;
     shape.has_snoozes := t.types[12] IS NOT NULL;
     shape.has_timeout := t.types[13] IS NOT NULL;
+    shape.has_errors := t.types[14] IS NOT NULL;
     shape.groups := shape.has_group_key AND shape.has_dead_at;
     -- Only where a job can also wait in its group does dead_at tell the two apart.
     shape.dead_predicate := CASE WHEN shape.groups
@@ -3817,6 +3868,7 @@ BEGIN
             '    payload pg_catalog.jsonb NOT NULL, '
             '    key pg_catalog.text, '
             '    last_error pg_catalog.text, '
+            '    errors pg_catalog.jsonb, '
             '    enqueued_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), '
             '    priority integer NOT NULL DEFAULT 0, '
             '    group_key pg_catalog.text, '
@@ -4289,12 +4341,20 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN CASE WHEN shape.groups THEN format(' RETURNING CASE WHEN %s THEN group_key END', removed)
             ELSE ' RETURNING NULL::text' END;
 
--- The columns a release writes besides locked_until (statements.rs release_columns).
+-- The columns a release writes besides locked_until (statements.rs release_columns); $2 is the
+-- delivery's token.
 CREATE OR REPLACE FUNCTION inbox__release_columns(shape inbox__queue_shape, error_parameter text,
                                                   dead text, now text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN CASE WHEN shape.has_dead_at THEN format(', dead_at = CASE WHEN %s THEN %s END', dead, now) ELSE '' END
     || CASE WHEN shape.has_last_error THEN format(', last_error = COALESCE(%s, last_error)', error_parameter) ELSE '' END
+    -- statements.rs errors_appended: the last twenty errors, the attempt the token's.
+    || CASE WHEN shape.has_errors THEN format(
+           ', errors = pg_catalog.jsonb_path_query_array('
+           'COALESCE(errors, ''[]''::pg_catalog.jsonb) OPERATOR(pg_catalog.||) '
+           'pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object('
+           '''attempt'', pg_catalog.abs($2), ''at'', %s, ''error'', %s)), '
+           '''$[last - 19 to last]'')', now, error_parameter) ELSE '' END
     || CASE WHEN shape.has_leased_at THEN ', leased_at = NULL' ELSE '' END;
 
 CREATE OR REPLACE FUNCTION inbox__check_settlement(queue regclass, id bigint, token bigint) RETURNS void
@@ -5901,13 +5961,17 @@ BEGIN
 END
 $$;
 
+-- An earlier install's inbox_schedules has no last_tick, which CREATE OR REPLACE cannot add.
+DROP FUNCTION IF EXISTS inbox_schedules(regclass);
 CREATE OR REPLACE FUNCTION inbox_schedules(queue regclass)
-RETURNS TABLE (name text, cron text, time_zone text, payload jsonb, next_tick timestamptz)
+RETURNS TABLE (name text, cron text, time_zone text, payload jsonb, next_tick timestamptz,
+               last_tick timestamptz)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__required(queue, 'queue');
     RETURN QUERY
-        SELECT s.name, s.cron, s.time_zone, s.payload, s.next_tick FROM inbox_periodic_jobs s
+        SELECT s.name, s.cron, s.time_zone, s.payload, s.next_tick, s.last_tick
+          FROM inbox_periodic_jobs s
          WHERE s.queue = inbox_schedules.queue
            AND EXISTS (SELECT FROM pg_class c WHERE c.oid = inbox_schedules.queue::oid)
          ORDER BY s.name;
@@ -5965,7 +6029,8 @@ BEGIN
                                                  due.name, table_sql, problem);
             upcoming := 'infinity';
         END IF;
-        UPDATE inbox_periodic_jobs s SET next_tick = upcoming
+        UPDATE inbox_periodic_jobs s
+           SET next_tick = upcoming, last_tick = CASE WHEN problem IS NULL THEN tick ELSE s.last_tick END
          WHERE s.queue = inbox__enqueue_due_ticks.queue AND s.name = due.name;
     END LOOP;
     IF insert_tick IS NOT NULL THEN

@@ -786,32 +786,50 @@ pub async fn purge(
 
 pub async fn schedules(db: &Db, out: &Output, queue: &str) -> Result<(), CliError> {
     let rows = db.rows(&sql::SCHEDULES, &[&queue]).await?;
-    type ScheduleRow = (String, String, String, Option<Value>, Option<String>);
+    type ScheduleRow = (
+        String,
+        String,
+        String,
+        Option<Value>,
+        Option<String>,
+        Option<String>,
+    );
     let schedules: Vec<ScheduleRow> = rows
         .iter()
-        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4)))
+        .map(|row| {
+            let (name, cron, zone) = (row.get(0), row.get(1), row.get(2));
+            (name, cron, zone, row.get(3), row.get(4), row.get(5))
+        })
         .collect();
     let value = Value::Array(
         schedules
             .iter()
-            .map(|(name, cron, zone, payload, next)| {
+            .map(|(name, cron, zone, payload, next, last)| {
                 json!({
                     "name": name, "cron": cron, "time_zone": zone, "payload": payload,
-                    "next_tick": next,
+                    "next_tick": next, "last_tick": last,
                 })
             })
             .collect(),
     );
     out.emit(value, || {
         table(
-            &["name", "cron", "time zone", "next tick", "payload"],
+            &[
+                "name",
+                "cron",
+                "time zone",
+                "last tick",
+                "next tick",
+                "payload",
+            ],
             schedules
                 .iter()
-                .map(|(name, cron, zone, payload, next)| {
+                .map(|(name, cron, zone, payload, next, last)| {
                     vec![
                         name.clone(),
                         cron.clone(),
                         zone.clone(),
+                        last.clone().unwrap_or_default(),
                         next.clone().unwrap_or_default(),
                         payload
                             .as_ref()
@@ -823,5 +841,15 @@ pub async fn schedules(db: &Db, out: &Output, queue: &str) -> Result<(), CliErro
             &[],
         )
     });
+    Ok(())
+}
+
+/// Enqueues schedule `name`'s job now (`inbox_run_schedule`).
+pub async fn run_schedule(db: &Db, out: &Output, queue: &str, name: &str) -> Result<(), CliError> {
+    let id: i64 = db.one(&sql::RUN_SCHEDULE, &[&queue, &name]).await?.get(0);
+    out.emit(
+        json!({ "queue": queue, "schedule": name, "id": id }),
+        || format!("enqueued job {id} of schedule {name} into {queue}"),
+    );
     Ok(())
 }

@@ -148,10 +148,13 @@ enum Command {
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..))]
         batch: i64,
     },
-    /// List a queue's schedules with their next tick.
+    /// List a queue's schedules with their last and next tick, or run one now.
     Schedules {
         /// The queue table (optionally schema-qualified).
         queue: String,
+        /// Enqueue this schedule's job now, outside its timetable (its ticks go on as before).
+        #[arg(long, value_name = "NAME")]
+        run: Option<String>,
     },
     /// List every outbox with its pending, sending, retrying and dead messages, relay and ages.
     Outboxes,
@@ -478,7 +481,13 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                     older_than,
                     batch,
                 } => commands::purge(&db, &out, &ledger, &older_than, batch).await,
-                Command::Schedules { queue } => commands::schedules(&db, &out, &queue).await,
+                Command::Schedules { queue, run: None } => {
+                    commands::schedules(&db, &out, &queue).await
+                }
+                Command::Schedules {
+                    queue,
+                    run: Some(name),
+                } => commands::run_schedule(&db, &out, &queue, &name).await,
                 Command::Outboxes => outboxes::outboxes(&db, &out).await,
                 Command::Outbox(command) => match command {
                     OutboxCommand::Messages {

@@ -175,9 +175,16 @@ pub const PURGE: Sql = Sql {
 
 /// `inbox_schedules(queue)`.
 pub const SCHEDULES: Sql = Sql {
-    text: "SELECT name, cron, time_zone, payload, to_json(next_tick) #>> '{}' \
+    text: "SELECT name, cron, time_zone, payload, to_json(next_tick) #>> '{}', \
+               to_json(last_tick) #>> '{}' \
         FROM inbox_schedules($1::text::regclass)",
     params: &[Type::TEXT],
+};
+
+/// `inbox_run_schedule(queue, name)`: the id of the job it enqueued.
+pub const RUN_SCHEDULE: Sql = Sql {
+    text: "SELECT inbox_run_schedule($1::text::regclass, $2::text)",
+    params: &[Type::TEXT, Type::TEXT],
 };
 
 /// `inbox_metrics()`: the gauges of every queue (`paused` read as in [`QUEUES`]).
@@ -367,7 +374,7 @@ pub const ACT_ON_MATCHING: Sql = Sql {
 mod tests {
     use super::*;
 
-    const ALL: [&Sql; 34] = [
+    const ALL: [&Sql; 35] = [
         &QUEUES,
         &STATS,
         &JOBS,
@@ -382,6 +389,7 @@ mod tests {
         &PURGE_CUTOFF,
         &PURGE,
         &SCHEDULES,
+        &RUN_SCHEDULE,
         &METRICS,
         &OUTBOXES,
         &OUTBOX_METRICS,

@@ -483,6 +483,35 @@ async fn actions_change_the_database_and_come_only_from_its_own_pages() {
         one_i64(&client, "SELECT count(*) FROM billing").await,
         before
     );
+
+    // A schedule shows its ticks on the queue's page; "Run now" enqueues its job and shows it.
+    client
+        .batch_execute("SELECT inbox_schedule('billing', 'nightly', '0 3 * * *', '{\"run\": 1}')")
+        .await
+        .unwrap();
+    let (_, page, _) = ui.get(&format!("/queues/{queue}"));
+    assert!(
+        page.contains("nightly") && page.contains("/schedules/run"),
+        "{page}"
+    );
+    let (status, location) = ui.post(
+        &format!("/queues/{queue}/schedules/run"),
+        &[("name", "nightly")],
+        Site::Same,
+    );
+    assert_eq!(status, 303);
+    let ran = one_i64(
+        &client,
+        "SELECT id FROM billing WHERE key LIKE 'schedule:nightly:run:%' AND payload = '{\"run\": 1}'",
+    )
+    .await;
+    assert!(location.ends_with(&format!("/jobs/{ran}")), "{location}");
+    let (status, _) = ui.post(
+        &format!("/queues/{queue}/schedules/run"),
+        &[("name", "weekly")],
+        Site::Same,
+    );
+    assert_eq!(status, 404, "no such schedule");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -520,8 +549,9 @@ async fn read_only_under_a_base_path_shows_everything_and_changes_nothing() {
             }
         }
     }
-    let (status, _, _) = ui.get(&format!("/queues/{queue}"));
+    let (status, _, csp) = ui.get(&format!("/queues/{queue}"));
     assert_eq!(status, 404, "nothing outside the base path");
+    assert!(csp.contains("default-src 'none'"), "{csp}");
     let dead_id = one_i64(
         &client,
         "SELECT min(id) FROM billing WHERE dead_at IS NOT NULL",
@@ -531,6 +561,7 @@ async fn read_only_under_a_base_path_shows_everything_and_changes_nothing() {
         format!("/ops/inbox/queues/{queue}/jobs/{dead_id}/requeue"),
         format!("/ops/inbox/queues/{queue}/pause"),
         format!("/ops/inbox/queues/{queue}/enqueue"),
+        format!("/ops/inbox/queues/{queue}/schedules/run"),
     ] {
         let (status, _) = ui.post(&path, &[("payload", "{}")], Site::Same);
         assert_eq!(status, 403, "{path}");

@@ -34,6 +34,15 @@ use crate::shape::{Payload, QueueShape};
 // The table of schedules, in the extension's schema: the DDL the SQL-only build shares.
 extension_sql_file!("../../sql/shared/periodic_jobs.sql", name = "periodic_jobs");
 
+// When each schedule last fired, and running one now: the same SQL in both builds. After
+// browse.sql, the last of the others: one order, so the generated schema is the same at every
+// build.
+extension_sql_file!(
+    "../../sql/shared/schedule_runs.sql",
+    name = "schedule_runs",
+    requires = ["browse"]
+);
+
 // What only an extension has: `pg_dump` dumps the table's rows, and an event trigger.
 extension_sql!(
     r#"
@@ -259,10 +268,15 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
         ),
         advance: prepare(
             format!(
-                "UPDATE {table} SET next_tick = $3 \
+                "UPDATE {table} SET next_tick = $3, last_tick = COALESCE($4, last_tick) \
                   WHERE queue OPERATOR(pg_catalog.=) $1 AND name OPERATOR(pg_catalog.=) $2"
             ),
-            &[pg_sys::REGCLASSOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
+            &[
+                pg_sys::REGCLASSOID,
+                pg_sys::TEXTOID,
+                pg_sys::TIMESTAMPTZOID,
+                pg_sys::TIMESTAMPTZOID,
+            ],
         ),
         scheduled: prepare(
             format!("SELECT DISTINCT queue::pg_catalog.oid FROM {table}"),
@@ -372,7 +386,7 @@ pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
         )
         .unwrap_or_else(|e| internal(e));
     for schedule in due {
-        let next =
+        let (next, fired) =
             match Timetable::parse(&schedule.cron, &schedule.time_zone).and_then(|timetable| {
                 timetable.fire(from_postgres(schedule.next_tick), from_postgres(now))
             }) {
@@ -390,7 +404,7 @@ pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
                             ],
                         )
                         .unwrap_or_else(|e| internal(e));
-                    to_postgres(next)
+                    (to_postgres(next), timestamptz(to_postgres(tick)))
                 }
                 // Only a schedule stored by another version of the cron or time zone rules gets
                 // here: it is parked rather than failing every lease of its queue.
@@ -400,7 +414,7 @@ pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
                         schedule.name,
                         shape.table
                     );
-                    INFINITY
+                    (INFINITY, DatumWithOid::null_oid(pg_sys::TIMESTAMPTZOID))
                 }
             };
         client
@@ -411,6 +425,7 @@ pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
                     RegClass(queue).into(),
                     schedule.name.as_str().into(),
                     timestamptz(next),
+                    fired,
                 ],
             )
             .unwrap_or_else(|e| internal(e));
@@ -562,7 +577,7 @@ fn inbox_unschedule(queue: Option<RegClass>, name: Option<&str>) -> bool {
     })
 }
 
-/// The schedules of `queue`, by name, with the next tick each will fire.
+/// The schedules of `queue`, by name, with the next tick each will fire and the last it fired.
 #[pg_extern(stable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
@@ -576,6 +591,7 @@ fn inbox_schedules(
         name!(time_zone, String),
         name!(payload, Option<Jsonb>),
         name!(next_tick, TimestampWithTimeZone),
+        name!(last_tick, Option<TimestampWithTimeZone>),
     ),
 > {
     let queue = required(queue, "queue").0;
@@ -584,7 +600,7 @@ fn inbox_schedules(
         let rows = client
             .select(
                 format!(
-                    "SELECT name, cron, time_zone, payload, next_tick FROM {table} \
+                    "SELECT name, cron, time_zone, payload, next_tick, last_tick FROM {table} \
                       WHERE queue = $1 ORDER BY name"
                 )
                 .as_str(),
@@ -604,6 +620,7 @@ fn inbox_schedules(
                         .ok()
                         .flatten()
                         .unwrap_or_else(TimestampWithTimeZone::positive_infinity),
+                    row.get::<TimestampWithTimeZone>(6).ok().flatten(),
                 )
             })
             .collect::<Vec<_>>()

@@ -56,6 +56,8 @@ pub(crate) struct QueueShape {
     /// Where it has a key: the predicate of its unique index on `key` (`inbox_set_unique`).
     pub key_predicate: String,
     pub has_last_error: bool,
+    /// Keeps every failed attempt's error (the last twenty), beside `last_error`.
+    pub has_errors: bool,
     pub has_leased_at: bool,
     /// Counts the deliveries snoozed (`inbox_snooze`): a lease reports `attempt - snoozes`.
     pub has_snoozes: bool,
@@ -221,6 +223,9 @@ impl QueueShape {
                 String::new()
             },
             has_last_error: table.column(KIND, "last_error", TEXTS, false).is_some(),
+            has_errors: table
+                .column(KIND, "errors", &[pg_sys::JSONBOID], false)
+                .is_some(),
             has_leased_at: table
                 .column(KIND, "leased_at", TIMESTAMPTZ, false)
                 .is_some(),

@@ -66,6 +66,7 @@ pub(crate) fn create_queue(table: &str) -> String {
              payload pg_catalog.jsonb NOT NULL, \
              key pg_catalog.text, \
              last_error pg_catalog.text, \
+             errors pg_catalog.jsonb, \
              enqueued_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), \
              priority integer NOT NULL DEFAULT 0, \
              group_key pg_catalog.text, \
@@ -505,7 +506,8 @@ pub(crate) fn ack_many(queue: &QueueShape) -> Sql {
 }
 
 /// The columns a release writes besides `locked_until`: the error, the end of the lease, and
-/// (where `dead` is the condition that it dead-letters) when the job died.
+/// (where `dead` is the condition that it dead-letters) when the job died. `$2` is the
+/// delivery's token.
 fn release_columns(queue: &QueueShape, error_parameter: &str, dead: &str, now: &str) -> String {
     let mut set = String::new();
     if queue.has_dead_at {
@@ -516,10 +518,29 @@ fn release_columns(queue: &QueueShape, error_parameter: &str, dead: &str, now: &
             ", last_error = COALESCE({error_parameter}, last_error)"
         ));
     }
+    if queue.has_errors {
+        set.push_str(&format!(
+            ", errors = {}",
+            errors_appended(error_parameter, now)
+        ));
+    }
     if queue.has_leased_at {
         set.push_str(", leased_at = NULL");
     }
     set
+}
+
+/// `errors` with this attempt's error added, the last twenty kept. The attempt is the token's (a
+/// lock's token is minus the attempt it settles); the stable functions read parameters only and
+/// the row through immutable ones, which Citus routes.
+fn errors_appended(error_parameter: &str, now: &str) -> String {
+    format!(
+        "pg_catalog.jsonb_path_query_array(\
+           COALESCE(errors, '[]'::pg_catalog.jsonb) OPERATOR(pg_catalog.||) \
+           pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(\
+             'attempt', pg_catalog.abs($2), 'at', {now}, 'error', {error_parameter})), \
+           '$[last - 19 to last]')"
+    )
 }
 
 /// `$3` now, `$4` when it is due again (now plus the delay, added by the caller: Citus routes no

@@ -20,11 +20,12 @@ BEGIN
             groups bool,
             dead_predicate text,
             has_snoozes bool,
-            has_timeout bool
+            has_timeout bool,
+            has_errors bool
         );
     END IF;
     -- Installed by an earlier version: the fields added since.
-    FOR field IN SELECT unnest(ARRAY['has_snoozes', 'has_timeout']) LOOP
+    FOR field IN SELECT unnest(ARRAY['has_snoozes', 'has_timeout', 'has_errors']) LOOP
         IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
                         WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
                                            WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
@@ -196,6 +197,7 @@ BEGIN
                         WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
                         WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
                         WHEN 'v' THEN '{1186}'::oid[]       -- interval
+                        WHEN 'j' THEN '{3802}'::oid[]       -- jsonb
                         ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
         IF NOT found_types[at] = ANY (accepted) THEN
             RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
@@ -220,8 +222,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
     t := inbox__checked_columns(queue, 'queue',
-        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout}',
-        'iitpxxtixttiv', 4);
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout,errors}',
+        'iitpxxtixttivj', 4);
     shape.table_sql := t.table_sql;
     shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
     shape.nullable_locked_until := NOT t.not_nulls[3];
@@ -234,6 +236,7 @@ BEGIN
     shape.has_run_at := t.types[11] IS NOT NULL;
     shape.has_snoozes := t.types[12] IS NOT NULL;
     shape.has_timeout := t.types[13] IS NOT NULL;
+    shape.has_errors := t.types[14] IS NOT NULL;
     shape.groups := shape.has_group_key AND shape.has_dead_at;
     -- Only where a job can also wait in its group does dead_at tell the two apart.
     shape.dead_predicate := CASE WHEN shape.groups

@@ -28,6 +28,7 @@ BEGIN
             '    payload pg_catalog.jsonb NOT NULL, '
             '    key pg_catalog.text, '
             '    last_error pg_catalog.text, '
+            '    errors pg_catalog.jsonb, '
             '    enqueued_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), '
             '    priority integer NOT NULL DEFAULT 0, '
             '    group_key pg_catalog.text, '
@@ -500,12 +501,20 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN CASE WHEN shape.groups THEN format(' RETURNING CASE WHEN %s THEN group_key END', removed)
             ELSE ' RETURNING NULL::text' END;
 
--- The columns a release writes besides locked_until (statements.rs release_columns).
+-- The columns a release writes besides locked_until (statements.rs release_columns); $2 is the
+-- delivery's token.
 CREATE OR REPLACE FUNCTION inbox__release_columns(shape inbox__queue_shape, error_parameter text,
                                                   dead text, now text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN CASE WHEN shape.has_dead_at THEN format(', dead_at = CASE WHEN %s THEN %s END', dead, now) ELSE '' END
     || CASE WHEN shape.has_last_error THEN format(', last_error = COALESCE(%s, last_error)', error_parameter) ELSE '' END
+    -- statements.rs errors_appended: the last twenty errors, the attempt the token's.
+    || CASE WHEN shape.has_errors THEN format(
+           ', errors = pg_catalog.jsonb_path_query_array('
+           'COALESCE(errors, ''[]''::pg_catalog.jsonb) OPERATOR(pg_catalog.||) '
+           'pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object('
+           '''attempt'', pg_catalog.abs($2), ''at'', %s, ''error'', %s)), '
+           '''$[last - 19 to last]'')', now, error_parameter) ELSE '' END
     || CASE WHEN shape.has_leased_at THEN ', leased_at = NULL' ELSE '' END;
 
 CREATE OR REPLACE FUNCTION inbox__check_settlement(queue regclass, id bigint, token bigint) RETURNS void

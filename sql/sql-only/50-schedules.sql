@@ -867,13 +867,17 @@ BEGIN
 END
 $$;
 
+-- An earlier install's inbox_schedules has no last_tick, which CREATE OR REPLACE cannot add.
+DROP FUNCTION IF EXISTS inbox_schedules(regclass);
 CREATE OR REPLACE FUNCTION inbox_schedules(queue regclass)
-RETURNS TABLE (name text, cron text, time_zone text, payload jsonb, next_tick timestamptz)
+RETURNS TABLE (name text, cron text, time_zone text, payload jsonb, next_tick timestamptz,
+               last_tick timestamptz)
 LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__required(queue, 'queue');
     RETURN QUERY
-        SELECT s.name, s.cron, s.time_zone, s.payload, s.next_tick FROM inbox_periodic_jobs s
+        SELECT s.name, s.cron, s.time_zone, s.payload, s.next_tick, s.last_tick
+          FROM inbox_periodic_jobs s
          WHERE s.queue = inbox_schedules.queue
            AND EXISTS (SELECT FROM pg_class c WHERE c.oid = inbox_schedules.queue::oid)
          ORDER BY s.name;
@@ -931,7 +935,8 @@ BEGIN
                                                  due.name, table_sql, problem);
             upcoming := 'infinity';
         END IF;
-        UPDATE inbox_periodic_jobs s SET next_tick = upcoming
+        UPDATE inbox_periodic_jobs s
+           SET next_tick = upcoming, last_tick = CASE WHEN problem IS NULL THEN tick ELSE s.last_tick END
          WHERE s.queue = inbox__enqueue_due_ticks.queue AND s.name = due.name;
     END LOOP;
     IF insert_tick IS NOT NULL THEN

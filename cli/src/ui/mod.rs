@@ -357,6 +357,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/queues/{queue}/{action}", post(pages::pause_or_resume))
         .route("/queues/{queue}/enqueue", post(pages::enqueue))
         .route("/queues/{queue}/dead/requeue", post(pages::requeue_dead))
+        .route("/queues/{queue}/schedules/run", post(pages::run_schedule))
         .route("/queues/{queue}/matching", post(pages::act_on_matching))
         .route(
             "/queues/{queue}/jobs/{id}/{action}",
@@ -366,9 +367,8 @@ fn router(app: Arc<App>) -> Router {
         .route("/assets/app.css", get(style))
         .route("/assets/favicon.svg", get(icon))
         .fallback(pages::not_found)
-        .layer(middleware::from_fn_with_state(Arc::clone(&app), guard))
         .with_state(Arc::clone(&app));
-    if app.base.is_empty() {
+    let routes: Router = if app.base.is_empty() {
         pages
     } else {
         let home = app.base.clone();
@@ -381,7 +381,10 @@ fn router(app: Arc<App>) -> Router {
                 }),
             )
             .nest(&app.base, pages)
-    }
+            .fallback(pages::not_found)
+    };
+    // Outside the base path too: every response carries the same headers and guards.
+    routes.layer(middleware::from_fn_with_state(Arc::clone(&app), guard))
 }
 
 /// Authentication, read-only mode and the same-origin rule for actions, then the headers every

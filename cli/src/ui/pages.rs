@@ -29,8 +29,10 @@ pub struct PageError(StatusCode, String);
 impl From<CliError> for PageError {
     fn from(error: CliError) -> Self {
         let status = match &error {
-            // No such table, or not a queue.
-            CliError::Database { sqlstate, .. } if sqlstate == "42P01" || sqlstate == "42703" => {
+            // No such table, not a queue, or no such schedule.
+            CliError::Database { sqlstate, .. }
+                if sqlstate == "42P01" || sqlstate == "42703" || sqlstate == "42704" =>
+            {
                 StatusCode::NOT_FOUND
             }
             // The statement timed out.
@@ -576,10 +578,14 @@ pub async fn queue(
         @if !schedules.is_empty() {
             h2 { "Schedules" }
             table #schedules {
-                thead { tr { th { "name" } th { "cron" } th { "time zone" } th { "next tick" } } }
+                thead { tr { th { "name" } th { "cron" } th { "time zone" } th { "last tick" } th { "next tick" } th {} } }
                 tbody { @for row in &schedules { tr {
-                    td { (row.get::<_, String>(0)) } td { code { (row.get::<_, String>(1)) } }
-                    td { (row.get::<_, String>(2)) } td { (when(row.get(4))) }
+                    @let schedule: String = row.get(0);
+                    td { (schedule) } td { code { (row.get::<_, String>(1)) } }
+                    td { (row.get::<_, String>(2)) } td { (when(row.get(5))) } td { (when(row.get(4))) }
+                    td { (action_form(&app, &format!("{here}/schedules/run"), &this_page, "Run now",
+                            Some(format!("Enqueue a job of schedule {schedule} now?").as_str()),
+                            html! { input type="hidden" name="name" value=(schedule); })) }
                 } } }
             }
         }
@@ -630,9 +636,13 @@ pub async fn job(State(app): State<Arc<App>>, Path((queue, id)): Path<(String, i
         Some(row) => {
             let state: String = row.get(0);
             let job: String = row.get(1);
+            let fields: serde_json::Value = serde_json::from_str(&job).unwrap_or_default();
             html! {
                 h1 { "Job " (id) " " span class=(format!("state {state}")) #job-state { (state) } }
                 div.actions { (job_actions(&app, &here, id, &state, &this_page)) }
+                (job_summary(&state, &fields))
+                (job_errors(&fields))
+                h2 { "Row" }
                 pre #job { (job) }
             }
         }
@@ -656,6 +666,74 @@ pub async fn job(State(app): State<Arc<App>>, Path((queue, id)): Path<(String, i
         }
     };
     Ok(layout(&app, &format!("{name} job {id}"), crumbs, body))
+}
+
+/// A job's columns as an operator reads them: when it is due or its lease expires, and the rest.
+fn job_summary(state: &str, job: &serde_json::Value) -> Markup {
+    let text = |column: &str| match job.get(column) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(text)) => Some(text.clone()),
+        Some(value) => Some(value.to_string()),
+    };
+    let locked_until = text("locked_until");
+    let (due_label, due) = match state {
+        "leased" => ("lease expires", locked_until),
+        "dead" => ("died", text("dead_at").or(locked_until)),
+        _ => ("due", text("run_at").or(locked_until)),
+    };
+    let rows = [
+        ("attempt", text("attempt")),
+        (due_label, due.map(|at| when(Some(at)))),
+        ("leased at", text("leased_at").map(|at| when(Some(at)))),
+        ("enqueued at", text("enqueued_at").map(|at| when(Some(at)))),
+        ("priority", text("priority")),
+        ("group", text("group_key")),
+        ("key", text("key")),
+        ("timeout", text("timeout")),
+        ("snoozed", text("snoozes").filter(|n| n != "0")),
+    ];
+    let payload = job
+        .get("payload")
+        .filter(|payload| !payload.is_null())
+        .map(|payload| serde_json::to_string_pretty(payload).unwrap_or_default())
+        .or_else(|| text("payload_bytes"));
+    html! {
+        table.fields #job-fields {
+            @for (label, value) in rows { @if let Some(value) = value {
+                tr { th { (label) } td { (value) } }
+            } }
+        }
+        @if let Some(payload) = payload { h2 { "Payload" } pre #payload { (payload) } }
+        @if let Some(progress) = job.get("progress").filter(|p| !p.is_null()) {
+            h2 { "Progress" } pre { (progress) }
+        }
+    }
+}
+
+/// Every failed attempt's error, newest first (the last twenty a queue keeps); a queue without
+/// the `errors` column shows its last error.
+fn job_errors(job: &serde_json::Value) -> Markup {
+    let errors: Vec<&serde_json::Value> = job
+        .get("errors")
+        .and_then(|errors| errors.as_array())
+        .map(|errors| errors.iter().rev().collect())
+        .unwrap_or_default();
+    let last_error = job.get("last_error").and_then(|error| error.as_str());
+    html! {
+        @if !errors.is_empty() {
+            h2 { "Errors" }
+            table #errors {
+                thead { tr { th.n { "attempt" } th { "at" } th { "error" } } }
+                tbody { @for error in errors { tr {
+                    td.n { (error.get("attempt").map(|a| a.to_string()).unwrap_or_default()) }
+                    td { (when(error.get("at").and_then(|at| at.as_str()).map(str::to_owned))) }
+                    td { pre.error { (error.get("error").and_then(|e| e.as_str()).unwrap_or("(no error)")) } }
+                } } }
+            }
+        } @else if let Some(error) = last_error {
+            h2 { "Last error" } pre.error #errors { (error) }
+        }
+    }
 }
 
 // ---- dead letters ----
@@ -837,6 +915,25 @@ pub async fn enqueue(
     )
     .await?;
     Ok(back_to(&app, form.back))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RunSchedule {
+    name: String,
+}
+
+/// Enqueues a schedule's job now, outside its timetable, and shows that job.
+pub async fn run_schedule(
+    State(app): State<Arc<App>>,
+    Path(queue): Path<String>,
+    Form(form): Form<RunSchedule>,
+) -> Result<Response, PageError> {
+    let id: i64 = app
+        .one(&sql::RUN_SCHEDULE, &[&queue, &form.name])
+        .await?
+        .get(0);
+    let name: String = app.one(&sql::TABLE_NAME, &[&queue]).await?.get(0);
+    Ok(Redirect::to(&format!("{}/jobs/{id}", queue_link(&app, &name))).into_response())
 }
 
 #[derive(Debug, Deserialize)]

@@ -610,3 +610,89 @@ async fn an_action_on_what_a_filter_matches_takes_the_oldest_max_of_them() {
     )
     .await;
 }
+
+/// Every failed delivery's error is kept in `errors`, oldest first, with its attempt and time:
+/// a lease's retry, a retry without an error, a lock's retry and its death; a requeue keeps them;
+/// a queue keeps the last twenty.
+#[tokio::test]
+async fn every_failed_attempts_error_is_kept_with_its_attempt() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('jobs'); \
+             SELECT inbox_enqueue('jobs', '{\"n\": 1}'); \
+             SELECT inbox_retry('jobs', id, token, error => 'first') FROM inbox_lease('jobs'); \
+             SELECT inbox_retry('jobs', id, token) FROM inbox_lease('jobs'); \
+             BEGIN; \
+             SELECT inbox_retry('jobs', id, token, error => 'locked') FROM inbox_lock('jobs'); \
+             COMMIT; \
+             BEGIN; \
+             SELECT inbox_dead('jobs', id, token, 'gave up') FROM inbox_lock('jobs'); \
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    let expected = vec![
+        (1, Some("first".to_owned()), true),
+        (2, None, true),
+        (3, Some("locked".to_owned()), true),
+        (4, Some("gave up".to_owned()), true),
+    ];
+    assert_eq!(
+        job_errors(&client).await,
+        (expected.clone(), Some("gave up".to_owned()), "4".to_owned())
+    );
+    // Requeued, it starts again from its first attempt with its history.
+    client
+        .batch_execute(
+            "SELECT inbox_requeue('jobs', 1); \
+             SELECT inbox_retry('jobs', id, token, error => 'again') FROM inbox_lease('jobs');",
+        )
+        .await
+        .unwrap();
+    let (entries, _, _) = job_errors(&client).await;
+    assert_eq!(entries[..4], expected[..]);
+    assert_eq!(entries[4], (1, Some("again".to_owned()), true));
+    // Thirty more failures: the last twenty are kept.
+    for n in 0..30 {
+        client
+            .execute(
+                "SELECT inbox_retry('jobs', id, token, error => $1) FROM inbox_lease('jobs')",
+                &[&format!("e{n}")],
+            )
+            .await
+            .unwrap();
+    }
+    let (entries, last_error, _) = job_errors(&client).await;
+    let kept: Vec<Option<String>> = entries.into_iter().map(|(_, error, _)| error).collect();
+    let expected: Vec<Option<String>> = (10..30).map(|n| Some(format!("e{n}"))).collect();
+    assert_eq!(kept, expected);
+    assert_eq!(last_error.as_deref(), Some("e29"));
+}
+
+/// Job 1's `errors` as (attempt, error, whether it has a time), its last error and attempt.
+async fn job_errors(client: &Client) -> (Vec<(i64, Option<String>, bool)>, Option<String>, String) {
+    let row = client
+        .query_one(
+            "SELECT job->'errors', job->>'last_error', job->>'attempt' \
+               FROM inbox_job_detail('jobs', 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let errors: serde_json::Value = row.get(0);
+    let entries = errors
+        .as_array()
+        .expect("an array of errors")
+        .iter()
+        .map(|entry| {
+            (
+                entry["attempt"].as_i64().expect("an attempt"),
+                entry["error"].as_str().map(str::to_owned),
+                entry["at"].is_string(),
+            )
+        })
+        .collect();
+    (entries, row.get(1), row.get(2))
+}

@@ -289,6 +289,108 @@ async fn ticks_missed_while_no_worker_ran_give_one_job_for_the_latest() {
         "{tick}"
     );
     assert!(next_tick(&client, "jobs", "often").await > tick);
+    let last: Option<DateTime<Utc>> = client
+        .query_one(
+            "SELECT last_tick FROM inbox_schedules('jobs') WHERE name = 'often'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(last, Some(tick), "the last tick is the one fired");
+}
+
+/// Running a schedule now enqueues its job at once, keyed apart from its ticks, and leaves its
+/// timetable alone; it needs INSERT on the queue, and a schedule that exists.
+#[tokio::test]
+async fn a_schedule_runs_now_outside_its_timetable() {
+    let db = TestDb::new().await;
+    let schema = db.schema().to_owned();
+    let client = db.client().await;
+    create_queue(&client, "jobs").await;
+    client
+        .batch_execute(
+            "SELECT inbox_schedule('jobs', 'weekly', '0 9 * * 1', '{\"report\": \"weekly\"}')",
+        )
+        .await
+        .unwrap();
+    let scheduled = next_tick(&client, "jobs", "weekly").await;
+
+    let before = now(&client).await;
+    let ran: Vec<i64> = {
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            ids.push(
+                client
+                    .query_one("SELECT inbox_run_schedule('jobs', 'weekly')", &[])
+                    .await
+                    .unwrap()
+                    .get(0),
+            );
+        }
+        ids
+    };
+    assert_ne!(ran[0], ran[1], "each run enqueues its own job");
+    let keys = fired_keys(&client, "jobs").await;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for key in &keys {
+        let at = key
+            .strip_prefix("schedule:weekly:run:")
+            .unwrap_or_else(|| panic!("{key}"));
+        let at = DateTime::parse_from_rfc3339(at)
+            .unwrap()
+            .with_timezone(&Utc);
+        assert!(at >= before && at <= now(&client).await, "{key}");
+    }
+    // Due now, with the schedule's payload; the timetable is unchanged and nothing was a tick.
+    let taken = lease_and_ack(&client, "jobs").await;
+    assert_eq!(taken.len(), 2);
+    let payloads: Vec<serde_json::Value> = client
+        .query("SELECT payload FROM fired ORDER BY job", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(payloads, vec![serde_json::json!({"report": "weekly"}); 2]);
+    assert_eq!(next_tick(&client, "jobs", "weekly").await, scheduled);
+    let last: Option<DateTime<Utc>> = client
+        .query_one("SELECT last_tick FROM inbox_schedules('jobs')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(last, None);
+
+    assert_eq!(
+        sqlstate(&client, "SELECT inbox_run_schedule('jobs', 'daily')").await,
+        "42704"
+    );
+    assert_eq!(
+        sqlstate(&client, "SELECT inbox_run_schedule('jobs', NULL)").await,
+        "22004"
+    );
+    let reader = format!("sched_{schema}_run");
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {reader} NOLOGIN; GRANT USAGE ON SCHEMA {schema}, public TO {reader}; \
+             GRANT SELECT, UPDATE ON jobs TO {reader};"
+        ))
+        .await
+        .unwrap();
+    let _roles = Roles {
+        url: db.url().to_owned(),
+        names: vec![reader.clone()],
+    };
+    let as_reader = db.client().await;
+    assert_eq!(
+        sqlstate(
+            &as_reader,
+            &format!("SET ROLE {reader}; SELECT inbox_run_schedule('jobs', 'weekly')")
+        )
+        .await,
+        "42501"
+    );
+    assert_eq!(fired_keys(&client, "jobs").await.len(), 2);
 }
 
 /// A session remembers which queues have schedules, so that its leases on the others run no
