@@ -681,8 +681,13 @@ fn job_summary(state: &str, job: &serde_json::Value) -> Markup {
         "dead" => ("died", text("dead_at").or(locked_until)),
         _ => ("due", text("run_at").or(locked_until)),
     };
+    // A lease is held by the delivery whose token is its attempt: the one that may settle it.
+    let holder = (state == "leased")
+        .then(|| text("attempt").map(|attempt| format!("the delivery of token {attempt}")))
+        .flatten();
     let rows = [
         ("attempt", text("attempt")),
+        ("lease held by", holder),
         (due_label, due.map(|at| when(Some(at)))),
         ("leased at", text("leased_at").map(|at| when(Some(at)))),
         ("enqueued at", text("enqueued_at").map(|at| when(Some(at)))),
