@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The fault suite (issue 8): every case of docs/reliability.md on real PostgreSQL over real
+# The fault suite: every case of docs/reliability.md on real PostgreSQL over real
 # connections, one row per case, closing with "N passed, M failed" (non-zero exit on a failure).
 #
 #   ./scripts/faults.sh [--full] [--cases 1,5,13] [--docs] [--no-install]
 #
-# The default profile is CI's (the issue's counts where they fit in CI's time, fewer jobs and
-# kills elsewhere); --full runs the issue's counts everywhere. The table is written to
+# The default profile is CI's (the full counts where they fit in CI's time, fewer jobs and
+# kills elsewhere); --full runs the full counts everywhere. The table is written to
 # target/faults/latest.md; --docs also puts it into docs/reliability.md. --no-install skips the
 # toolchain check and the extension's build (scripts/test.sh has done both). Cases that stop or
 # crash a server start throwaway clusters of their own; the others use the PostgreSQL that

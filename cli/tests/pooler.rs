@@ -284,7 +284,7 @@ async fn every_subcommand_shares_one_server_connection_with_another_clients_stat
 /// Two server connections kept busy by other clients' short transactions: each statement of the
 /// tool waits in the pooler's queue and runs on whichever server connection frees first, so a
 /// statement prepared in one round trip would often be run in the next on the other server
-/// connection, where it does not exist (`26000`, issue 13).
+/// connection, where it does not exist (`26000`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_subcommand_works_while_other_clients_keep_both_server_connections_busy() {
     let db = TestDb::new().await;

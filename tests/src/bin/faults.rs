@@ -1,4 +1,4 @@
-//! The fault suite (issue 8): every case runs on real PostgreSQL over real connections, injects
+//! The fault suite: every case runs on real PostgreSQL over real connections, injects
 //! its fault, and checks what must hold against an effect table without a unique constraint.
 //! Run it with `./scripts/faults.sh [--full]`; `docs/reliability.md` describes each case.
 //!

@@ -1,5 +1,5 @@
 //! The benchmark of the `inbox` extension and its worker against raw SQL doing the same work on
-//! the same PostgreSQL (issue 5); run it with `./scripts/bench.sh [--quick]`, and see
+//! the same PostgreSQL; run it with `./scripts/bench.sh [--quick]`, and see
 //! `docs/benchmarks.md` for what each figure measures.
 //!
 //! ```text

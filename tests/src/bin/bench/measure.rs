@@ -36,7 +36,7 @@ impl Target {
 /// One line of the results: a figure at one connection count.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
-    /// The figure (1 to 7).
+    /// The figure's number.
     pub figure: u8,
     pub name: String,
     /// Concurrent connections (or deliveries), where it applies.

@@ -1,4 +1,4 @@
-//! Figures 8 to 10 (issue 11): enqueues from many connections while a worker consumes the queue
+//! Figures 8 to 10: enqueues from many connections while a worker consumes the queue
 //! (wake-ups on), the queue's size through 1,000,000 jobs consumed by the worker (which vacuums
 //! it), and the worker's throughput before, during and after a snapshot held open.
 

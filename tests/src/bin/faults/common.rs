@@ -17,9 +17,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// How many jobs, faults and rounds the cases use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Profile {
-    /// The CI profile: the counts where they fit in CI's time, fewer elsewhere.
+    /// The CI profile: the full counts where they fit in CI's time, fewer elsewhere.
     Quick,
-    /// The counts everywhere, and more rounds.
+    /// The full counts everywhere, and more rounds.
     Full,
 }
 
