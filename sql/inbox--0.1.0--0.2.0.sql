@@ -2874,6 +2874,32 @@ $$;
 COMMENT ON FUNCTION inbox__citus_placement(pg_catalog.regclass) IS
     'How Citus distributes a table (NULLs where it does not).';
 
+CREATE OR REPLACE FUNCTION inbox__citus_join_tenant(tbl pg_catalog.regclass) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    neighbour pg_catalog.regclass;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_schema') IS NULL
+       OR (@extschema@.inbox__citus_placement(tbl)).method IS NOT NULL THEN
+        RETURN;
+    END IF;
+    -- Citus's catalogs exist only where it is installed: read them by name.
+    EXECUTE 'SELECT p.logicalrelid FROM pg_catalog.pg_dist_schema s '
+            '  JOIN pg_catalog.pg_class t ON t.relnamespace OPERATOR(pg_catalog.=) s.schemaid '
+            '  JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) s.schemaid '
+            '  JOIN pg_catalog.pg_dist_partition p ON p.logicalrelid OPERATOR(pg_catalog.=) c.oid '
+            '                                     AND p.colocationid OPERATOR(pg_catalog.=) s.colocationid '
+            ' WHERE t.oid OPERATOR(pg_catalog.=) $1 ORDER BY c.oid LIMIT 1'
+       INTO neighbour USING tbl;
+    IF neighbour IS NOT NULL THEN
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, NULL, colocate_with => $2)'
+          USING tbl, neighbour::pg_catalog.text;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox__citus_join_tenant(pg_catalog.regclass) IS
+    'Makes a table a function created in a Citus distributed schema one of that schema''s tables.';
+
 CREATE OR REPLACE FUNCTION inbox__citus_check(tbl pg_catalog.regclass, kind pg_catalog.text) RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -2892,10 +2918,12 @@ BEGIN
     IF tenant_schema IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',
             MESSAGE = pg_catalog.format('%s %s is in the distributed schema %s but is not distributed', kind, tbl, tenant_schema),
-            DETAIL = 'Citus distributes only a table created by a top-level CREATE TABLE, not one a function creates; '
-                     'this one would stay on the coordinator, and every delivery would be a transaction across nodes.',
-            HINT = pg_catalog.format('Create the %s in a schema that is not distributed yet, with the tables its handlers '
-                                     'write, then distribute that schema: SELECT citus_schema_distribute(''%s'').', kind, tenant_schema);
+            DETAIL = 'Citus distributes only a table created by a top-level CREATE TABLE, not one a function creates, '
+                     'and the schema has no distributed table yet for the function to join; this one would stay on the '
+                     'coordinator, and every delivery would be a transaction across nodes.',
+            HINT = pg_catalog.format('Create one of the schema''s tables first (CREATE TABLE %s.effects ...) and then the %s, '
+                                     'or create the %s in a schema that is not distributed yet and distribute that schema: '
+                                     'SELECT citus_schema_distribute(''%s'').', tenant_schema, kind, kind, tenant_schema);
     END IF;
     IF method OPERATOR(pg_catalog.=) 'h' AND kind OPERATOR(pg_catalog.=) 'queue' THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',

@@ -482,6 +482,37 @@ $$;
 COMMENT ON FUNCTION inbox__citus_placement(pg_catalog.regclass) IS
     'How Citus distributes a table (NULLs where it does not).';
 
+-- Places `tbl`, a table a function just created, as Citus places a table of a distributed schema
+-- created by a top-level CREATE TABLE (which is all Citus distributes by itself): one shard,
+-- colocated with the other tables of its schema. That needs one of them already distributed to
+-- colocate with; without one it leaves `tbl` alone (inbox__citus_check then says what to do). A
+-- no-op without Citus, or outside a distributed schema.
+CREATE OR REPLACE FUNCTION inbox__citus_join_tenant(tbl pg_catalog.regclass) RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    neighbour pg_catalog.regclass;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_schema') IS NULL
+       OR (inbox__citus_placement(tbl)).method IS NOT NULL THEN
+        RETURN;
+    END IF;
+    -- Citus's catalogs exist only where it is installed: read them by name.
+    EXECUTE 'SELECT p.logicalrelid FROM pg_catalog.pg_dist_schema s '
+            '  JOIN pg_catalog.pg_class t ON t.relnamespace OPERATOR(pg_catalog.=) s.schemaid '
+            '  JOIN pg_catalog.pg_class c ON c.relnamespace OPERATOR(pg_catalog.=) s.schemaid '
+            '  JOIN pg_catalog.pg_dist_partition p ON p.logicalrelid OPERATOR(pg_catalog.=) c.oid '
+            '                                     AND p.colocationid OPERATOR(pg_catalog.=) s.colocationid '
+            ' WHERE t.oid OPERATOR(pg_catalog.=) $1 ORDER BY c.oid LIMIT 1'
+       INTO neighbour USING tbl;
+    IF neighbour IS NOT NULL THEN
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, NULL, colocate_with => $2)'
+          USING tbl, neighbour::pg_catalog.text;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox__citus_join_tenant(pg_catalog.regclass) IS
+    'Makes a table a function created in a Citus distributed schema one of that schema''s tables.';
+
 -- Raises 0A000 unless `tbl`, a `kind` ('queue' or 'ledger'), is placed as above. Called where a
 -- queue or a ledger is created, and by the pgrx build where it first reads a table's shape.
 CREATE OR REPLACE FUNCTION inbox__citus_check(tbl pg_catalog.regclass, kind pg_catalog.text) RETURNS void
@@ -502,10 +533,12 @@ BEGIN
     IF tenant_schema IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',
             MESSAGE = pg_catalog.format('%s %s is in the distributed schema %s but is not distributed', kind, tbl, tenant_schema),
-            DETAIL = 'Citus distributes only a table created by a top-level CREATE TABLE, not one a function creates; '
-                     'this one would stay on the coordinator, and every delivery would be a transaction across nodes.',
-            HINT = pg_catalog.format('Create the %s in a schema that is not distributed yet, with the tables its handlers '
-                                     'write, then distribute that schema: SELECT citus_schema_distribute(''%s'').', kind, tenant_schema);
+            DETAIL = 'Citus distributes only a table created by a top-level CREATE TABLE, not one a function creates, '
+                     'and the schema has no distributed table yet for the function to join; this one would stay on the '
+                     'coordinator, and every delivery would be a transaction across nodes.',
+            HINT = pg_catalog.format('Create one of the schema''s tables first (CREATE TABLE %s.effects ...) and then the %s, '
+                                     'or create the %s in a schema that is not distributed yet and distribute that schema: '
+                                     'SELECT citus_schema_distribute(''%s'').', tenant_schema, kind, kind, tenant_schema);
     END IF;
     IF method OPERATOR(pg_catalog.=) 'h' AND kind OPERATOR(pg_catalog.=) 'queue' THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',
@@ -3626,6 +3659,7 @@ BEGIN
                                   'seen_at pg_catalog.timestamptz NOT NULL)', ledger);
         EXECUTE pg_catalog.format('CREATE INDEX ON %%s USING brin (seen_at)', ledger);
         existing := ledger::pg_catalog.regclass;
+        PERFORM %1$s.inbox__citus_join_tenant(existing);
     END IF;
     PERFORM %1$s.inbox__ledger_shape(existing);
     PERFORM %1$s.inbox__citus_check(existing, 'ledger');
@@ -3894,6 +3928,7 @@ BEGIN
             '      AND locked_until OPERATOR(pg_catalog.=) %%s', queue, infinity);
         EXECUTE pg_catalog.format('CREATE INDEX ON %%s (dead_at, id) WHERE dead_at IS NOT NULL', queue);
         existing := queue::pg_catalog.regclass;
+        PERFORM %1$s.inbox__citus_join_tenant(existing);
     END IF;
     PERFORM %1$s.inbox__queue_shape(existing);
     PERFORM %1$s.inbox__citus_check(existing, 'queue');

@@ -24,6 +24,19 @@ pub(crate) fn check(client: &SpiClient<'_>, oid: Oid, kind: &str) {
     );
 }
 
+/// Makes `table`, just created, one of its Citus distributed schema's tables, as a top-level
+/// CREATE TABLE would have (a no-op without Citus).
+pub(crate) fn join_tenant(client: &mut SpiClient<'_>, table: Oid) {
+    let schema = crate::controls::schema(client);
+    client
+        .update(
+            &format!("SELECT {schema}.inbox__citus_join_tenant($1)"),
+            None,
+            &[RegClass(table).into()],
+        )
+        .unwrap_or_else(|e| internal(e));
+}
+
 /// Raises 0A000 when `ledger` is hash-distributed: `inbox_purge` runs on its shards instead.
 pub(crate) fn check_purge(client: &SpiClient<'_>, ledger: Oid) {
     call(

@@ -281,7 +281,7 @@ pub(crate) fn create_table(
                 client
                     .update(ddl(&table).as_str(), None, &[])
                     .unwrap_or_else(|e| internal(e));
-                client
+                let oid = client
                     .select(
                         &format!(
                             "SELECT {}::pg_catalog.regclass::pg_catalog.oid",
@@ -294,7 +294,9 @@ pub(crate) fn create_table(
                     .unwrap_or_else(|e| internal(e))
                     .unwrap_or_else(|| {
                         raise(ERRCODE_UNDEFINED_TABLE, format!("{table} was not created"))
-                    })
+                    });
+                crate::citus::join_tenant(client, oid);
+                oid
             }
         };
         check(client, oid);

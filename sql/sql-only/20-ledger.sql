@@ -22,6 +22,7 @@ BEGIN
                                   'seen_at pg_catalog.timestamptz NOT NULL)', ledger);
         EXECUTE pg_catalog.format('CREATE INDEX ON %%s USING brin (seen_at)', ledger);
         existing := ledger::pg_catalog.regclass;
+        PERFORM %1$s.inbox__citus_join_tenant(existing);
     END IF;
     PERFORM %1$s.inbox__ledger_shape(existing);
     PERFORM %1$s.inbox__citus_check(existing, 'ledger');

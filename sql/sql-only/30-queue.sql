@@ -54,6 +54,7 @@ BEGIN
             '      AND locked_until OPERATOR(pg_catalog.=) %%s', queue, infinity);
         EXECUTE pg_catalog.format('CREATE INDEX ON %%s (dead_at, id) WHERE dead_at IS NOT NULL', queue);
         existing := queue::pg_catalog.regclass;
+        PERFORM %1$s.inbox__citus_join_tenant(existing);
     END IF;
     PERFORM %1$s.inbox__queue_shape(existing);
     PERFORM %1$s.inbox__citus_check(existing, 'queue');

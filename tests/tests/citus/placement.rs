@@ -7,10 +7,11 @@ use tokio::task::JoinSet;
 
 use crate::{sqlstate, Cluster};
 
-/// A queue or a ledger created by a function in a distributed schema would stay a local table
-/// of the coordinator (Citus distributes only top-level CREATE TABLEs): refused with 0A000.
-/// Created in a plain schema that is distributed afterwards, the queue, its ledger and the
-/// effect table share one shard group, and every function routes to its node.
+/// A queue or a ledger created by a function in a distributed schema that has no table yet would
+/// stay a local table of the coordinator (Citus distributes only top-level CREATE TABLEs):
+/// refused with 0A000. Once the schema has a table, a queue and a ledger created there join its
+/// shard group. Created in a plain schema that is distributed afterwards, the queue, its ledger
+/// and the effect table share one shard group too, and every function routes to its node.
 #[tokio::test]
 #[ignore = "needs a Citus cluster: scripts/citus.sh test"]
 async fn a_queue_is_one_shard_with_what_its_handlers_write() {
@@ -39,6 +40,40 @@ async fn a_queue_is_one_shard_with_what_its_handlers_write() {
         .unwrap()
         .get(0);
     assert_eq!(local, 0, "the refused tables were rolled back");
+    client
+        .batch_execute(
+            "CREATE TABLE sharded.effects (job bigint NOT NULL); \
+             SELECT inbox_create_queue('sharded.jobs'), inbox_create_ledger('sharded.seen'); \
+             SELECT inbox_enqueue('sharded.jobs', '{}'); \
+             SELECT inbox_retry('sharded.jobs', id, token, error => 'declined') \
+               FROM inbox_lease('sharded.jobs');",
+        )
+        .await
+        .unwrap();
+    let joined: Vec<(String, String, bool)> = client
+        .query(
+            "SELECT c.relname::text, p.partmethod::text, p.colocationid = s.colocationid \
+               FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid \
+               JOIN pg_dist_schema s ON s.schemaid = c.relnamespace \
+              WHERE c.relnamespace = 'sharded'::regnamespace ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    assert_eq!(
+        joined,
+        ["effects", "jobs", "seen"].map(|t| (t.to_owned(), "n".to_owned(), true)),
+        "one shard each, in the schema's group"
+    );
+    let errors: serde_json::Value = client
+        .query_one("SELECT errors FROM sharded.jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(errors[0]["error"], "declined", "{errors}");
 
     client
         .batch_execute(
