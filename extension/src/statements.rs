@@ -226,13 +226,18 @@ pub(crate) fn enqueue_batch(queue: &QueueShape) -> Sql {
         "$2".to_owned()
     };
     let (columns, values) = enqueue_columns(queue, "u.key", "u.group_key", "$2", "$6");
+    // The ids are read through a CTE: Citus counts an INSERT ... SELECT's rows skipped by ON
+    // CONFLICT as processed, which SPI refuses ("consistency check on SPI tuple count failed")
+    // when the statement itself returns the rows.
     Sql {
         text: format!(
-            "INSERT INTO {} (payload, locked_until{columns}) \
-             SELECT u.payload, {waits}{values} \
-               FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3), pg_catalog.unnest($5)) \
-                    WITH ORDINALITY AS u(payload, key, group_key, n) \
-              ORDER BY u.n{} RETURNING id::pg_catalog.int8",
+            "WITH enqueued AS ( \
+               INSERT INTO {} (payload, locked_until{columns}) \
+               SELECT u.payload, {waits}{values} \
+                 FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3), pg_catalog.unnest($5)) \
+                      WITH ORDINALITY AS u(payload, key, group_key, n) \
+                ORDER BY u.n{} RETURNING id::pg_catalog.int8) \
+             SELECT id FROM enqueued",
             queue.table,
             on_key_conflict(queue)
         ),

@@ -178,15 +178,16 @@ BEGIN
         -- Without dead_at, 'infinity' means dead.
         RETURN false;
     END IF;
-    -- Waiting behind its group's head (or dead already, which dead_at tells).
+    -- Waiting behind its group's head (or dead already, which dead_at tells). The time is a
+    -- parameter: Citus routes no UPDATE that calls a volatile function.
     EXECUTE pg_catalog.format(
-        'UPDATE %s SET dead_at = pg_catalog.clock_timestamp()%s WHERE id = $1 AND dead_at IS NULL',
+        'UPDATE %s SET dead_at = $2%s WHERE id = $1 AND dead_at IS NULL',
         queue,
         CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_attribute a
                            WHERE a.attrelid = queue AND a.attname = 'last_error'
                              AND a.attnum > 0 AND NOT a.attisdropped)
              THEN ', last_error = ''cancelled''' ELSE '' END)
-      USING id;
+      USING id, pg_catalog.clock_timestamp();
     GET DIAGNOSTICS applied = ROW_COUNT;
     RETURN applied = 1;
 END

@@ -72,8 +72,27 @@ impl TestDb {
                  to a database where `CREATE EXTENSION inbox` was run"
             )
         });
+        // On a Citus coordinator the schema is a tenant's, distributed from the start, with one
+        // table that the queues and ledgers a test creates join (on one worker node).
+        let citus = admin
+            .query_one(
+                "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_schema') IS NOT NULL",
+                &[],
+            )
+            .await
+            .map(|row| row.get::<_, bool>(0))
+            .unwrap_or(false);
+        let create = if citus {
+            format!(
+                "SET citus.enable_schema_based_sharding = on; CREATE SCHEMA {schema}; \
+                 RESET citus.enable_schema_based_sharding; \
+                 CREATE TABLE {schema}.tenant (since timestamptz NOT NULL DEFAULT now())"
+            )
+        } else {
+            format!("CREATE SCHEMA {schema}")
+        };
         admin
-            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .batch_execute(&create)
             .await
             .unwrap_or_else(|e| panic!("cannot create schema {schema}: {e}"));
         config.options(format!("-c search_path={schema},public"));
