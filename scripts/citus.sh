@@ -140,11 +140,11 @@ run_tests() {
   cargo test "${CI_TESTS[@]}" --test citus -- --ignored --test-threads 1
   # The integration tests that hold on Citus, through the coordinator: each test's schema is a
   # tenant's, distributed from the start (tests/src/lib.rs), so its queues and ledgers are one
-  # shard on a worker node. The other modules use what Citus refuses by design (limits and
-  # workflows on a distributed queue) or statements of their own that it cannot run.
+  # shard on a worker node. Why the other modules are not run there: docs/scaling.md.
   banner "the conformance tests through the coordinator"
   INBOX_TEST_DATABASE_URL="$INBOX_CITUS_URL" cargo test "${CI_TESTS[@]}" --test integration -- \
-    sql_conformance:: cancel:: snooze:: pause:: timeouts:: worker_smoke:: client_inbox::
+    sql_conformance:: cancel:: snooze:: pause:: timeouts:: worker_smoke:: client_inbox:: \
+    groups::a_repeatable_read_enqueuer groups::a_serializable_enqueuer
 }
 
 # Figure 17 of inbox-bench: the single server (a fresh database, as scripts/bench.sh makes it)

@@ -37,6 +37,20 @@ pub(crate) fn join_tenant(client: &mut SpiClient<'_>, table: Oid) {
         .unwrap_or_else(|e| internal(e));
 }
 
+/// Whether Citus distributes `table` (false without Citus).
+pub(crate) fn distributes(client: &SpiClient<'_>, table: Oid) -> bool {
+    let schema = crate::controls::schema(client);
+    client
+        .select(
+            &format!("SELECT ({schema}.inbox__citus_placement($1)).method IS NOT NULL"),
+            None,
+            &[RegClass(table).into()],
+        )
+        .and_then(|rows| rows.first().get_one::<bool>())
+        .unwrap_or_else(|e| internal(e))
+        .unwrap_or(false)
+}
+
 /// Raises 0A000 when `ledger` is hash-distributed: `inbox_purge` runs on its shards instead.
 pub(crate) fn check_purge(client: &SpiClient<'_>, ledger: Oid) {
     call(

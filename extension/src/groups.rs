@@ -33,6 +33,20 @@ const MOST_GROUP_LOCKS: usize = 64;
 /// Takes the locks of `groups` (sorted, distinct) until the transaction ends: the queue's lock
 /// shared and each group's, or for many groups the queue's lock exclusively.
 pub(crate) fn lock(client: &mut SpiClient<'_>, queue: Oid, groups: &[String]) {
+    // SAFETY: reads the transaction's isolation level.
+    let isolation = unsafe { pg_sys::XactIsoLevel };
+    if !groups.is_empty()
+        && isolation >= pg_sys::XACT_REPEATABLE_READ as i32
+        && crate::citus::distributes(client, queue)
+    {
+        // The latest committed state is read on this node only; Citus runs the statement on the
+        // queue's node in the transaction's own snapshot, which may be older than the group.
+        raise(
+            ERRCODE_FEATURE_NOT_SUPPORTED,
+            "ordered groups of a queue Citus distributes need READ COMMITTED: enqueue into groups \
+             and settle their jobs in READ COMMITTED transactions",
+        );
+    }
     let key = lock_key(queue);
     match groups {
         [] => {}
