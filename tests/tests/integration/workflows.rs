@@ -483,9 +483,11 @@ async fn a_seal_racing_the_last_members_ack_finishes_the_batch_once() {
 
 /// The first enqueue after a parent creates the parent queue's triggers, holding that queue
 /// against its writers, and then waits for the parent, which a lock-mode delivery holds; that
-/// delivery's ack waits for the queue. PostgreSQL cancels the enqueue, which waited first: the
-/// enqueue gives its locks back, the ack commits, and the enqueue runs again, after a parent that
-/// has now succeeded, instead of failing with 40P01.
+/// delivery's ack waits for the queue. PostgreSQL cancels the session that checks for a deadlock
+/// first: here the enqueue (its check, `deadlock_timeout`, comes once the ack waits, the ack's
+/// much later; the other way round the ack fails with 40P01 and its worker retries the delivery).
+/// The enqueue gives its locks back, the ack commits, and the enqueue runs again, after a parent
+/// that has now succeeded, instead of failing with 40P01.
 #[tokio::test]
 async fn a_first_enqueue_after_a_locked_parent_survives_the_deadlock_it_meets() {
     let db = TestDb::new().await;
@@ -496,13 +498,20 @@ async fn a_first_enqueue_after_a_locked_parent_survives_the_deadlock_it_meets() 
         .unwrap();
     let parent = one_i64(&setup, "SELECT inbox_enqueue('parents', '{}')").await;
     let holder = db.client().await;
-    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .batch_execute("SET deadlock_timeout = '1min'; BEGIN")
+        .await
+        .unwrap();
     let token: i64 = holder
         .query_one("SELECT token FROM inbox_lock('parents', 1)", &[])
         .await
         .unwrap()
         .get(0);
     let enqueuer = Arc::new(db.client().await);
+    enqueuer
+        .batch_execute("SET deadlock_timeout = '5s'")
+        .await
+        .unwrap();
     let enqueuer_pid = support::backend_pid(&enqueuer).await;
     let enqueue = {
         let enqueuer = Arc::clone(&enqueuer);
