@@ -74,6 +74,22 @@ pub fn config(url: &str) -> Result<(Config, Secret), CliError> {
     Ok((config, secret))
 }
 
+/// A pool of at most `size` sessions of `config`, for the commands that serve (the dashboard,
+/// the exporter, the relay); a session is handed out again as it is, unchecked.
+pub fn pool(config: Config, size: usize) -> Result<deadpool_postgres::Pool, CliError> {
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(size)
+        .build()
+        .map_err(|e| CliError::Io(format!("cannot build the connection pool: {e}")))
+}
+
 /// One session with the database.
 pub struct Db {
     client: Client,

@@ -13,14 +13,13 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio_postgres::NoTls;
 
 use crate::db::{self, Secret};
 use crate::error::CliError;
@@ -444,17 +443,7 @@ async fn index() -> &'static str {
 /// once before listening, so a wrong URL or a database without the extension fails at once.
 pub async fn serve(url: &str, listen: &str) -> Result<(), CliError> {
     let (config, secret) = db::config(url)?;
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(2)
-        .build()
-        .map_err(|e| CliError::Io(format!("cannot build the connection pool: {e}")))?;
+    let pool = db::pool(config, 2)?;
     let exporter = Arc::new(Exporter { pool, secret });
     exporter.read().await.map_err(|e| match e {
         // A session that cannot be opened is a connection failure, as for the other commands.

@@ -13,12 +13,10 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use inbox_client::outbox::{NatsSink, Relay, RelayCounts};
 use inbox_client::{DbError, PgDatabase};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 
 use crate::db::{self, Db};
@@ -226,17 +224,7 @@ pub async fn run(url: &str, out: &Output, request: RelayRequest<'_>) -> Result<(
         db.one(&sql::TABLE_NAME, &[&request.outbox]).await?.get(0)
     };
     let (config, secret) = db::config(url)?;
-    let manager = Manager::from_config(
-        config.clone(),
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(2)
-        .build()
-        .map_err(|e| CliError::Io(format!("cannot build the connection pool: {e}")))?;
+    let pool = db::pool(config.clone(), 2)?;
     // The relay sleeps on a LISTEN session of its own: on a direct connection to the server,
     // which the database URL is unless --listen-url names one (then the URL is a pooler's).
     let database = PgDatabase::from_pool_and_config(pool, config);

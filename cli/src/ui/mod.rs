@@ -29,8 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 
 use crate::db::{self, Secret};
 use crate::error::CliError;
@@ -270,17 +269,7 @@ pub async fn serve(url: &str, options: UiOptions) -> Result<(), CliError> {
         None => format!("-c statement_timeout={STATEMENT_TIMEOUT}"),
     };
     config.options(session_options);
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(4)
-        .build()
-        .map_err(|e| CliError::Io(format!("cannot build the connection pool: {e}")))?;
+    let pool = db::pool(config, 4)?;
     let app = Arc::new(App {
         pool,
         secret,
