@@ -2,51 +2,38 @@
 //! functions count, its actions change the database, and its guards (read-only, same origin,
 //! token, base path) hold for a direct request, not only in the pages.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use inbox_tests::TestDb;
 
 #[path = "ui/browser.rs"]
 mod browser;
+// Each test file uses part of it.
+#[allow(dead_code)]
+mod support;
 
-/// A running `inbox ui`, stopped when dropped.
+use support::Served;
+
+/// A running `inbox ui`.
 struct Ui {
-    child: Child,
+    _served: Served,
     /// `http://127.0.0.1:PORT`, without the base path.
     origin: String,
 }
 
 impl Ui {
     fn start(db: &TestDb, args: &[&str]) -> Ui {
-        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("inbox"))
-            .args(["ui", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("DATABASE_URL", db.url())
-            .env_remove("INBOX_UI_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                eprintln!("ui: {line}");
-            }
-        });
-        let url = line
-            .split_whitespace()
-            .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("inbox ui did not say where it listens: {line:?}"));
-        let origin = url["http://".len()..]
+        let args = [&["ui", "--listen", "127.0.0.1:0"], args].concat();
+        let served = Served::start(&args, db.url(), "ui");
+        let origin = served.url["http://".len()..]
             .split('/')
             .next()
             .map(|host| format!("http://{host}"))
             .unwrap();
-        Ui { child, origin }
+        Ui {
+            _served: served,
+            origin,
+        }
     }
 
     fn agent() -> ureq::Agent {
@@ -99,13 +86,6 @@ impl Ui {
             .unwrap_or_default()
             .to_owned();
         (response.status().as_u16(), location)
-    }
-}
-
-impl Drop for Ui {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -281,9 +261,41 @@ async fn the_pages_show_what_the_functions_count() {
     .await;
     let (status, page, _) = ui.get(&format!("/queues/{queue}/jobs/{dead_id}"));
     assert_eq!(status, 200);
-    assert!(page.contains("card declined"), "{page}");
+    // Its fields, its payload, its errors by attempt, then the whole row.
+    let section = |id: &str| {
+        let from = page
+            .find(&format!("id=\"{id}\""))
+            .unwrap_or_else(|| panic!("no #{id} in the page:\n{page}"));
+        page[from..]
+            .split("</table>")
+            .next()
+            .unwrap()
+            .split("</pre>")
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(section("job-fields").contains("<th>died</th>"), "{page}");
+    let payload = section("payload");
     assert!(
-        page.contains("&quot;n&quot;:") || page.contains("\"n\":"),
+        payload.contains("&quot;n&quot;:") || payload.contains("\"n\":"),
+        "{payload}"
+    );
+    let errors = section("errors");
+    assert!(
+        errors.contains("<td class=\"n\">1</td>") && errors.contains("card declined"),
+        "{errors}"
+    );
+    assert!(section("job").contains("card declined"), "{page}");
+    let leased = one_i64(
+        &client,
+        "SELECT min(id) FROM billing WHERE leased_at IS NOT NULL",
+    )
+    .await;
+    let (_, page, _) = ui.get(&format!("/queues/{queue}/jobs/{leased}"));
+    assert!(
+        page.contains("<th>lease expires</th>")
+            && page.contains("<th>lease held by</th><td>the delivery of token 1</td>"),
         "{page}"
     );
     let (status, page, _) = ui.get(&format!("/queues/{queue}/jobs/999999"));

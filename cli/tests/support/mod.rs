@@ -1,20 +1,25 @@
-//! What the CLI's test files share: a running `inbox metrics` and the samples of its scrapes.
+//! What the CLI's test files share: a running `inbox metrics` or `inbox ui`, and the samples of
+//! the exporter's scrapes.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 
-/// A running `inbox metrics`, stopped when dropped.
-pub struct Exporter {
+/// A running `inbox` command that serves HTTP (`metrics`, `ui`), stopped when dropped.
+pub struct Served {
     child: Child,
-    url: String,
+    /// The URL it printed, where it listens.
+    pub url: String,
 }
 
-impl Exporter {
-    /// Starts the exporter on a free port against `database_url`, once it says where it listens.
-    pub fn start(database_url: &str) -> Exporter {
+impl Served {
+    /// Starts `inbox ARGS` against `database_url`, once it says where it listens (the first line
+    /// it writes to stderr); what it logs after, a failed read say, is passed on as a terminal or
+    /// a journal would show it, after `label`. A token in the caller's environment is not passed.
+    pub fn start(args: &[&str], database_url: &str, label: &'static str) -> Served {
         let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("inbox"))
-            .args(["metrics", "--listen", "127.0.0.1:0"])
+            .args(args)
             .env("DATABASE_URL", database_url)
+            .env_remove("INBOX_UI_TOKEN")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -22,23 +27,43 @@ impl Exporter {
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
         stderr.read_line(&mut line).unwrap();
-        // Keep reading what it logs (a failed scrape), as a terminal or a journal would.
         std::thread::spawn(move || {
             for line in stderr.lines().map_while(Result::ok) {
-                eprintln!("exporter: {line}");
+                eprintln!("{label}: {line}");
             }
         });
         let url = line
             .split_whitespace()
             .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("the exporter did not say where it listens: {line:?}"))
+            .unwrap_or_else(|| panic!("inbox {args:?} did not say where it listens: {line:?}"))
             .to_owned();
-        Exporter { child, url }
+        Served { child, url }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `inbox metrics`.
+pub struct Exporter(Served);
+
+impl Exporter {
+    /// Starts the exporter on a free port against `database_url`.
+    pub fn start(database_url: &str) -> Exporter {
+        Exporter(Served::start(
+            &["metrics", "--listen", "127.0.0.1:0"],
+            database_url,
+            "exporter",
+        ))
     }
 
     /// One scrape: its content type and its body.
     pub fn scrape(&self) -> (String, String) {
-        let mut response = ureq::get(&self.url).call().unwrap();
+        let mut response = ureq::get(&self.0.url).call().unwrap();
         let content_type = response
             .headers()
             .get("content-type")
@@ -46,13 +71,6 @@ impl Exporter {
             .unwrap_or_default()
             .to_owned();
         (content_type, response.body_mut().read_to_string().unwrap())
-    }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
