@@ -27,28 +27,30 @@ pub(crate) fn check(client: &SpiClient<'_>, oid: Oid, kind: &str) {
 /// Makes `table`, just created, one of its Citus distributed schema's tables, as a top-level
 /// CREATE TABLE would have (a no-op without Citus).
 pub(crate) fn join_tenant(client: &mut SpiClient<'_>, table: Oid) {
-    let schema = crate::controls::schema(client);
+    // It creates the table's shards: not a read-only statement.
+    let statement = format!(
+        "SELECT {}",
+        qualified(client, "inbox__citus_join_tenant($1)")
+    );
     client
-        .update(
-            &format!("SELECT {schema}.inbox__citus_join_tenant($1)"),
-            None,
-            &[RegClass(table).into()],
-        )
+        .update(&statement, None, &[RegClass(table).into()])
         .unwrap_or_else(|e| internal(e));
 }
 
 /// Whether Citus distributes `table` (false without Citus).
 pub(crate) fn distributes(client: &SpiClient<'_>, table: Oid) -> bool {
-    let schema = crate::controls::schema(client);
     client
         .select(
-            &format!("SELECT ({schema}.inbox__citus_placement($1)).method IS NOT NULL"),
+            &format!(
+                "SELECT method FROM {}",
+                qualified(client, "inbox__citus_placement($1)")
+            ),
             None,
             &[RegClass(table).into()],
         )
-        .and_then(|rows| rows.first().get_one::<bool>())
+        .and_then(|rows| rows.first().get_one::<String>())
         .unwrap_or_else(|e| internal(e))
-        .unwrap_or(false)
+        .is_some()
 }
 
 /// Raises 0A000 when `ledger` is hash-distributed: `inbox_purge` runs on its shards instead.
@@ -60,10 +62,14 @@ pub(crate) fn check_purge(client: &SpiClient<'_>, ledger: Oid) {
     );
 }
 
-/// Runs the extension's function `call` (schema-qualified here) with `args`.
+/// Runs the extension's function `call` with `args`.
 fn call(client: &SpiClient<'_>, call: &str, args: &[pgrx::datum::DatumWithOid<'_>]) {
-    let schema = crate::controls::schema(client);
     client
-        .select(&format!("SELECT {schema}.{call}"), None, args)
+        .select(&format!("SELECT {}", qualified(client, call)), None, args)
         .unwrap_or_else(|e| internal(e));
+}
+
+/// The extension's function `call`, qualified by the extension's schema.
+fn qualified(client: &SpiClient<'_>, call: &str) -> String {
+    format!("{}.{call}", crate::controls::schema(client))
 }
