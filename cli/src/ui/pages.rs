@@ -937,8 +937,7 @@ pub async fn run_schedule(
         .one(&sql::RUN_SCHEDULE, &[&queue, &form.name])
         .await?
         .get(0);
-    let name: String = app.one(&sql::TABLE_NAME, &[&queue]).await?.get(0);
-    Ok(Redirect::to(&format!("{}/jobs/{id}", queue_link(&app, &name))).into_response())
+    Ok(Redirect::to(&format!("{}/jobs/{id}", queue_link(&app, &queue))).into_response())
 }
 
 #[derive(Debug, Deserialize)]
