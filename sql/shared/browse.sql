@@ -1,8 +1,10 @@
 -- Browsing a queue as an operator does, on a queue of millions of jobs (docs/sql-api.md,
 -- "Browsing jobs"), written once for both builds: pages of jobs by id under a filter, a count
--- that is exact up to a bound and the planner's estimate beyond it, one job in full, and dead
--- letters grouped by their error with a requeue per group. `inbox ui` and the CLI call these;
--- none of it is on a job's path.
+-- that is exact up to a bound and the planner's estimate beyond it, one job in full, dead
+-- letters grouped by their error with a requeue per group, a queue's activity from the
+-- statistics views, the ordered groups blocked and their heads, the ledgers with their sizes,
+-- and one action on every job a filter matches. `inbox ui` and the CLI call these; none of it is
+-- on a job's path.
 --
 -- A filter is built as SQL text with its values quoted (pg_catalog.format's %L), because the
 -- estimate is read from EXPLAIN, which takes no parameters. The states are those of inbox_stats:
