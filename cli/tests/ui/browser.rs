@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fantoccini::elements::Element;
+use fantoccini::error::CmdError;
 use fantoccini::wd::WebDriverCompatibleCommand;
 use fantoccini::{Client, ClientBuilder, Locator};
 use inbox_tests::TestDb;
@@ -158,6 +160,35 @@ async fn attribute(browser: &Client, css: &str, name: &str) -> String {
         .unwrap_or_else(|| panic!("{css} has no {name}"))
 }
 
+/// Finds `css` and does `act` with it, as a person clicking or choosing would. The page replaces
+/// its content every 5 seconds, so an element found may be gone by the time it is used: then it
+/// is found again and `act` starts over, up to five times.
+async fn with_element<F, Fut>(browser: &Client, css: &str, act: F)
+where
+    F: Fn(Element) -> Fut,
+    Fut: std::future::Future<Output = Result<(), CmdError>>,
+{
+    for _ in 0..5 {
+        let element = browser
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"));
+        match act(element).await {
+            Err(e) if e.is_stale_element_reference() => continue,
+            result => return result.unwrap_or_else(|e| panic!("{css}: {e}")),
+        }
+    }
+    panic!("{css}: replaced by the page's refresh five times while in use");
+}
+
+/// Clicks `css`.
+async fn click(browser: &Client, css: &str) {
+    with_element(browser, css, |element| async move {
+        element.click().await.map(drop)
+    })
+    .await;
+}
+
 /// Waits until `condition` holds of the page, without navigating (a marker set on `window`
 /// before must survive: the page was updated in place, not reloaded).
 async fn until_in_place(browser: &Client, condition: &str, what: &str) {
@@ -252,15 +283,21 @@ async fn the_dashboard_works_in_a_real_browser_on_a_million_jobs() {
     );
 
     // A filter: the URL holds it, the rows are in it, and a small count is exact.
-    let filter = browser.form(Locator::Css("form.filter")).await.unwrap();
-    browser
-        .find(Locator::Css("form.filter select[name=state]"))
-        .await
-        .unwrap()
-        .select_by_value("delayed")
-        .await
-        .unwrap();
-    filter.submit().await.unwrap();
+    // The choice and the button of one form: a refresh in between starts both over.
+    with_element(
+        &browser,
+        "form.filter select[name=state]",
+        |select| async move {
+            select.select_by_value("delayed").await?;
+            select
+                .find(Locator::XPath("ancestor::form//button[@type='submit']"))
+                .await?
+                .click()
+                .await
+                .map(drop)
+        },
+    )
+    .await;
     browser
         .wait()
         .for_url(url::Url::parse(&format!("{queue_page}?state=delayed")).unwrap())
@@ -320,15 +357,11 @@ async fn the_dashboard_works_in_a_real_browser_on_a_million_jobs() {
         .await
         .unwrap();
     mark(&browser).await;
-    browser
-        .find(Locator::Css(&format!(
-            "tr[data-id='{dead}'] form[action$='/jobs/{dead}/requeue'] button"
-        )))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(
+        &browser,
+        &format!("tr[data-id='{dead}'] form[action$='/jobs/{dead}/requeue'] button"),
+    )
+    .await;
     until_in_place(
         &browser,
         &format!("!document.querySelector(\"tr[data-id='{dead}']\")"),
@@ -353,24 +386,12 @@ async fn the_dashboard_works_in_a_real_browser_on_a_million_jobs() {
     )
     .await;
     assert_eq!(timeouts, 1000);
-    let rows = browser
-        .find_all(Locator::Css("#dead-groups tbody tr"))
-        .await
-        .unwrap();
-    let mut clicked = false;
-    for row in rows {
-        if row.text().await.unwrap().contains("gateway timeout") {
-            row.find(Locator::Css("button"))
-                .await
-                .unwrap()
-                .click()
-                .await
-                .unwrap();
-            clicked = true;
-            break;
-        }
-    }
-    assert!(clicked, "no group for gateway timeout");
+    // The group's row: its requeue form names the error.
+    click(
+        &browser,
+        "#dead-groups tbody tr form:has(input[name=error][value='gateway timeout']) button",
+    )
+    .await;
     browser.accept_alert().await.unwrap();
     until_in_place(
         &browser,
@@ -393,13 +414,7 @@ async fn the_dashboard_works_in_a_real_browser_on_a_million_jobs() {
         .await
         .unwrap();
     mark(&browser).await;
-    browser
-        .find(Locator::Css("form[action$='/pause'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&browser, "form[action$='/pause'] button").await;
     until_in_place(
         &browser,
         "document.querySelector('h1 .paused')",
