@@ -7,14 +7,14 @@
 //! committed twice would show.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use inbox_client::worker::{transactional, Job, Outcome, Worker};
 use inbox_client::{Database, PgDatabase, Statement};
 use serde::Deserialize;
 use tokio_postgres::Client;
 
-use crate::Cluster;
+use crate::{Cluster, NODES};
 
 const TENANTS: usize = 8;
 const ORDERS: i64 = 400;
@@ -201,11 +201,9 @@ async fn drain_while<F: Future<Output = ()>>(cluster: &Cluster, audit: bool, dis
 #[ignore = "needs a Citus cluster: scripts/citus.sh test"]
 async fn refunds_commit_once_through_a_worker_node_crash() {
     let cluster = Cluster::from_env();
-    drain_while(
-        &cluster,
-        false,
-        cluster.crash("worker1", Duration::from_secs(2)),
-    )
+    drain_while(&cluster, false, async {
+        cluster.crash("worker1", Duration::from_secs(2)).await;
+    })
     .await;
 }
 
@@ -250,16 +248,72 @@ async fn refunds_commit_once_while_a_tenant_moves_to_the_other_node() {
 }
 
 /// Every delivery also writes `audit.refunds` on the other node, so Citus commits it with
-/// two-phase commit; the coordinator is crashed while deliveries commit and started again, and
-/// its recovery settles the transactions it left prepared.
+/// two-phase commit; the coordinator is crashed while deliveries commit and started again. With
+/// its automatic recovery held back, the test sees what the crash left prepared on the worker
+/// nodes (crashing again, at most five times, until a crash fell between some delivery's two
+/// phases), then runs the recovery, which settles each of them: the deliveries it commits are
+/// there once, those it rolls back run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs a Citus cluster: scripts/citus.sh test"]
 async fn refunds_written_on_two_nodes_commit_once_through_a_coordinator_crash() {
     let cluster = Cluster::from_env();
-    drain_while(
-        &cluster,
-        true,
-        cluster.crash("coordinator", Duration::from_secs(1)),
-    )
+    drain_while(&cluster, true, async {
+        automatic_recovery(&cluster, false).await;
+        let mut left_prepared = 0;
+        for _ in 0..5 {
+            let stopped = cluster.crash("coordinator", Duration::from_secs(1)).await;
+            left_prepared = prepared_before(&cluster, stopped).await;
+            if left_prepared > 0 {
+                let coordinator = cluster.connect().await;
+                let recovered: i32 = coordinator
+                    .query_one("SELECT recover_prepared_transactions()", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert!(
+                    recovered as usize >= left_prepared,
+                    "{left_prepared} left prepared, {recovered} recovered"
+                );
+                assert_eq!(prepared_before(&cluster, stopped).await, 0);
+                break;
+            }
+        }
+        automatic_recovery(&cluster, true).await;
+        assert!(left_prepared > 0, "no crash fell between two phases");
+    })
     .await;
+}
+
+/// Turns the coordinator's recovery of prepared transactions (every second in this cluster)
+/// off or back on; it stays so across restarts.
+async fn automatic_recovery(cluster: &Cluster, on: bool) {
+    let sql = if on {
+        "ALTER SYSTEM RESET citus.recover_2pc_interval"
+    } else {
+        "ALTER SYSTEM SET citus.recover_2pc_interval = -1"
+    };
+    let coordinator = cluster.connect().await;
+    coordinator
+        .batch_execute(&format!("{sql}; SELECT pg_reload_conf()"))
+        .await
+        .unwrap();
+}
+
+/// How many of Citus's transactions the worker nodes hold prepared since before `at`.
+async fn prepared_before(cluster: &Cluster, at: SystemTime) -> usize {
+    let mut prepared = 0;
+    for node in &NODES[1..] {
+        let client = cluster.connect_to(node).await;
+        let n: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_prepared_xacts \
+                  WHERE database = current_database() AND gid LIKE 'citus\\_%' AND prepared < $1",
+                &[&at],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        prepared += n as usize;
+    }
+    prepared
 }

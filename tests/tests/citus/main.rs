@@ -6,12 +6,16 @@
 
 mod exactly_once;
 mod placement;
+mod wakeups;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, Config, NoTls};
+
+/// The nodes in the order of `scripts/citus.sh`'s ports file.
+pub const NODES: [&str; 3] = ["coordinator", "worker1", "worker2"];
 
 /// The cluster `scripts/citus.sh test` started.
 pub struct Cluster {
@@ -37,23 +41,52 @@ impl Cluster {
 
     /// A new connection to the coordinator.
     pub async fn connect(&self) -> Client {
-        let (client, connection) = tokio_postgres::connect(&self.url, NoTls)
+        self.connect_to("coordinator").await
+    }
+
+    /// A new connection to `node`'s database (a worker node's too: Citus runs queries on
+    /// distributed tables from any node).
+    pub async fn connect_to(&self, node: &str) -> Client {
+        let (client, connection) = self
+            .config(node)
+            .connect(NoTls)
             .await
-            .unwrap_or_else(|e| panic!("cannot connect to the coordinator {}: {e}", self.url));
+            .unwrap_or_else(|e| panic!("cannot connect to {node}: {e}"));
         tokio::spawn(connection);
         client
     }
 
+    /// How to connect to `node`: the coordinator's URL with the node's port, from the ports
+    /// file `scripts/citus.sh` wrote.
+    pub fn config(&self, node: &str) -> Config {
+        let ports = std::fs::read_to_string(self.dir.join("ports")).expect("the cluster's ports");
+        let index = NODES
+            .iter()
+            .position(|n| *n == node)
+            .expect("a node's name");
+        let port: u16 = ports
+            .split_whitespace()
+            .nth(index)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut config: Config = self.url.parse().unwrap();
+        config.port(port);
+        config
+    }
+
     /// Crashes node `node` (`coordinator`, `worker1` or `worker2`) with `pg_ctl -m immediate`,
-    /// waits `down`, and starts it again.
-    pub async fn crash(&self, node: &str, down: Duration) {
+    /// waits `down`, and starts it again; returns when it went down.
+    pub async fn crash(&self, node: &str, down: Duration) -> SystemTime {
         self.pg_ctl(node, &["-m", "immediate", "-w", "stop"]);
+        let stopped = SystemTime::now();
         tokio::time::sleep(down).await;
         let log = self.dir.join(format!("{node}.log"));
         self.pg_ctl(
             node,
             &["-l", &log.display().to_string(), "-w", "-t", "120", "start"],
         );
+        stopped
     }
 
     fn pg_ctl(&self, node: &str, args: &[&str]) {
