@@ -248,53 +248,60 @@ async fn refunds_commit_once_while_a_tenant_moves_to_the_other_node() {
 }
 
 /// Every delivery also writes `audit.refunds` on the other node, so Citus commits it with
-/// two-phase commit; the coordinator is crashed while deliveries commit and started again. With
-/// its automatic recovery held back, the test sees what the crash left prepared on the worker
-/// nodes (crashing again, at most five times, until a crash fell between some delivery's two
-/// phases), then runs the recovery, which settles each of them: the deliveries it commits are
-/// there once, those it rolls back run again.
+/// two-phase commit; the coordinator is crashed between the two phases of some deliveries and
+/// started again. To catch them there, the coordinator's commits wait for a standby that does not
+/// exist (synchronous replication): a delivery prepared on the worker nodes and committed in the
+/// coordinator's log waits before its second phase. With the automatic recovery held back, the
+/// test sees what the crash left prepared on the worker nodes, then runs the recovery, which
+/// settles each of them: the deliveries it commits are there once, those it rolls back run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs a Citus cluster: scripts/citus.sh test"]
 async fn refunds_written_on_two_nodes_commit_once_through_a_coordinator_crash() {
     let cluster = Cluster::from_env();
     drain_while(&cluster, true, async {
-        automatic_recovery(&cluster, false).await;
-        let mut left_prepared = 0;
-        for _ in 0..5 {
-            let stopped = cluster.crash("coordinator", Duration::from_secs(1)).await;
-            left_prepared = prepared_before(&cluster, stopped).await;
-            if left_prepared > 0 {
-                let coordinator = cluster.connect().await;
-                let recovered: i32 = coordinator
-                    .query_one("SELECT recover_prepared_transactions()", &[])
-                    .await
-                    .unwrap()
-                    .get(0);
-                assert!(
-                    recovered as usize >= left_prepared,
-                    "{left_prepared} left prepared, {recovered} recovered"
-                );
-                assert_eq!(prepared_before(&cluster, stopped).await, 0);
-                break;
-            }
+        set_on_coordinator(&cluster, "citus.recover_2pc_interval", Some("-1")).await;
+        set_on_coordinator(&cluster, "synchronous_standby_names", Some("inbox_nobody")).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while prepared_before(&cluster, SystemTime::now()).await == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "no delivery waits between its phases"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        automatic_recovery(&cluster, true).await;
-        assert!(left_prepared > 0, "no crash fell between two phases");
+        let stopped = cluster.crash("coordinator", Duration::from_secs(1)).await;
+        set_on_coordinator(&cluster, "synchronous_standby_names", None).await;
+        let left_prepared = prepared_before(&cluster, stopped).await;
+        assert!(left_prepared > 0, "the crash left no transaction prepared");
+        let coordinator = cluster.connect().await;
+        let recovered: i32 = coordinator
+            .query_one("SELECT recover_prepared_transactions()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            recovered as usize >= left_prepared,
+            "{left_prepared} left prepared, {recovered} recovered"
+        );
+        assert_eq!(prepared_before(&cluster, stopped).await, 0);
+        println!("the crash left {left_prepared} prepared; the recovery settled {recovered}");
+        set_on_coordinator(&cluster, "citus.recover_2pc_interval", None).await;
     })
     .await;
 }
 
-/// Turns the coordinator's recovery of prepared transactions (every second in this cluster)
-/// off or back on; it stays so across restarts.
-async fn automatic_recovery(cluster: &Cluster, on: bool) {
-    let sql = if on {
-        "ALTER SYSTEM RESET citus.recover_2pc_interval"
-    } else {
-        "ALTER SYSTEM SET citus.recover_2pc_interval = -1"
-    };
+/// Sets the coordinator's `setting` (None: back to its configuration file's), across restarts.
+async fn set_on_coordinator(cluster: &Cluster, setting: &str, value: Option<&str>) {
     let coordinator = cluster.connect().await;
+    // Two queries: a query string of several statements is one transaction, which ALTER SYSTEM
+    // refuses.
+    let sql = match value {
+        Some(value) => format!("ALTER SYSTEM SET {setting} = '{value}'"),
+        None => format!("ALTER SYSTEM RESET {setting}"),
+    };
+    coordinator.batch_execute(&sql).await.unwrap();
     coordinator
-        .batch_execute(&format!("{sql}; SELECT pg_reload_conf()"))
+        .batch_execute("SELECT pg_reload_conf()")
         .await
         .unwrap();
 }

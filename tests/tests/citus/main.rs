@@ -70,8 +70,21 @@ impl Cluster {
             .unwrap()
             .parse()
             .unwrap();
-        let mut config: Config = self.url.parse().unwrap();
+        // A Config holds a list of ports: a new one, with the URL's host, user and database.
+        let url: Config = self.url.parse().unwrap();
+        let mut config = Config::new();
+        for host in url.get_hosts() {
+            if let tokio_postgres::config::Host::Tcp(host) = host {
+                config.host(host);
+            }
+        }
         config.port(port);
+        if let Some(user) = url.get_user() {
+            config.user(user);
+        }
+        if let Some(dbname) = url.get_dbname() {
+            config.dbname(dbname);
+        }
         config
     }
 
