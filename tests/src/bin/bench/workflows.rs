@@ -216,7 +216,7 @@ async fn wait_latency(ctx: &Ctx, calls: usize) -> Result<Row> {
                 .await?;
             let ack = client
                 .prepare(&format!(
-                    "SELECT inbox_ack('{PLAIN}', $1, $2, \
+                    "SELECT inbox_ack_with_result('{PLAIN}', $1, $2, \
                             (SELECT payload FROM {PLAIN} WHERE id = $1))"
                 ))
                 .await?;
