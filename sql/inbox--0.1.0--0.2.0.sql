@@ -1973,22 +1973,14 @@ CREATE TABLE IF NOT EXISTS inbox_batch_members (
     queue pg_catalog.regclass NOT NULL,
     id pg_catalog.int8 NOT NULL,
     batch pg_catalog.int8 NOT NULL REFERENCES inbox_batches ON DELETE CASCADE,
-    shard pg_catalog.int4 NOT NULL,
     outcome pg_catalog.text CHECK (outcome IN ('succeeded', 'died')),
     PRIMARY KEY (queue, id)
 );
-
-CREATE TABLE IF NOT EXISTS inbox_batch_shards (
-    batch pg_catalog.int8 NOT NULL REFERENCES inbox_batches ON DELETE CASCADE,
-    shard pg_catalog.int4 NOT NULL,
-    remaining pg_catalog.int4 NOT NULL,
-    succeeded pg_catalog.int4 NOT NULL DEFAULT 0,
-    died pg_catalog.int4 NOT NULL DEFAULT 0,
-    PRIMARY KEY (batch, shard)
-);
-COMMENT ON TABLE inbox_batch_shards IS 'How many members of each batch are still to settle, on 16 counters.';
-CREATE INDEX IF NOT EXISTS inbox_batch_members_batch ON inbox_batch_members (batch);
+CREATE INDEX IF NOT EXISTS inbox_batch_members_batch_id ON inbox_batch_members (batch, id);
 COMMENT ON TABLE inbox_batch_members IS 'The jobs of each batch and how each settled.';
+DROP INDEX IF EXISTS inbox_batch_members_batch;
+DROP TABLE IF EXISTS inbox_batch_shards;
+ALTER TABLE inbox_batch_members DROP COLUMN IF EXISTS shard;
 
 CREATE TABLE IF NOT EXISTS inbox_results (
     queue pg_catalog.regclass NOT NULL,
@@ -2006,11 +1998,8 @@ COMMENT ON TABLE inbox_results IS
 ALTER TABLE inbox_queue_controls ADD COLUMN IF NOT EXISTS keep_results pg_catalog.interval;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_dependencies, inbox_blocked, inbox_batches,
-    inbox_batch_members, inbox_batch_shards, inbox_results TO PUBLIC;
-
-CREATE OR REPLACE FUNCTION inbox__batch_shards() RETURNS pg_catalog.int4
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN 16;
+    inbox_batch_members, inbox_results TO PUBLIC;
+DROP FUNCTION IF EXISTS inbox__batch_shards();
 
 CREATE OR REPLACE FUNCTION inbox__default_result_retention() RETURNS pg_catalog.interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -2213,42 +2202,28 @@ CREATE OR REPLACE FUNCTION inbox__members_settled(queue pg_catalog.regclass, ids
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    emptied pg_catalog.int8;
+    settled pg_catalog.int8;
 BEGIN
-    -- The counters are locked in one order, so that settlements sharing them never deadlock.
-    FOR emptied IN
-        WITH settled AS (
+    FOR settled IN
+        WITH marked AS (
             UPDATE @extschema@.inbox_batch_members m
                SET outcome = CASE WHEN members_succeeded THEN 'succeeded' ELSE 'died' END
              WHERE m.queue OPERATOR(pg_catalog.=) inbox__members_settled.queue
                AND m.id OPERATOR(pg_catalog.=) ANY (ids) AND m.outcome IS NULL
-            RETURNING m.batch, m.shard),
-        per_shard AS (
-            SELECT settled.batch, settled.shard, pg_catalog.count(*)::pg_catalog.int4 AS n
-              FROM settled GROUP BY settled.batch, settled.shard),
-        locked AS (
-            SELECT c.batch, c.shard FROM @extschema@.inbox_batch_shards c
-              JOIN per_shard p ON c.batch OPERATOR(pg_catalog.=) p.batch
-                              AND c.shard OPERATOR(pg_catalog.=) p.shard
-             ORDER BY c.batch, c.shard FOR UPDATE OF c),
-        counted AS (
-            UPDATE @extschema@.inbox_batch_shards c
-               SET remaining = c.remaining OPERATOR(pg_catalog.-) p.n,
-                   succeeded = c.succeeded OPERATOR(pg_catalog.+) CASE WHEN members_succeeded THEN p.n ELSE 0 END,
-                   died = c.died OPERATOR(pg_catalog.+) CASE WHEN members_succeeded THEN 0 ELSE p.n END
-              FROM per_shard p, locked l
-             WHERE c.batch OPERATOR(pg_catalog.=) p.batch AND c.shard OPERATOR(pg_catalog.=) p.shard
-               AND l.batch OPERATOR(pg_catalog.=) p.batch AND l.shard OPERATOR(pg_catalog.=) p.shard
-            RETURNING c.batch, c.remaining)
-        SELECT DISTINCT counted.batch FROM counted
-         WHERE counted.remaining OPERATOR(pg_catalog.=) 0 ORDER BY counted.batch
+            RETURNING m.batch)
+        SELECT DISTINCT marked.batch FROM marked ORDER BY marked.batch
     LOOP
-        PERFORM @extschema@.inbox__batch_check(emptied);
+        PERFORM FROM @extschema@.inbox_batch_members m
+          WHERE m.batch OPERATOR(pg_catalog.=) settled AND m.outcome IS NULL
+          ORDER BY m.batch DESC, m.id DESC LIMIT 1 FOR SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            PERFORM @extschema@.inbox__batch_check(settled);
+        END IF;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION inbox__members_settled(pg_catalog.regclass, pg_catalog.int8[], pg_catalog.bool) IS
-    'Counts batch members'' outcomes and finishes each batch after its last.';
+    'Marks batch members'' outcomes and finishes each batch after its last.';
 
 CREATE OR REPLACE FUNCTION inbox__batch_check(batch pg_catalog.int8) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -2258,9 +2233,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF NOT EXISTS (SELECT FROM @extschema@.inbox_batch_shards c
-                    WHERE c.batch OPERATOR(pg_catalog.=) inbox__batch_check.batch
-                      AND c.remaining OPERATOR(pg_catalog.>) 0) THEN
+    IF NOT EXISTS (SELECT FROM @extschema@.inbox_batch_members m
+                    WHERE m.batch OPERATOR(pg_catalog.=) inbox__batch_check.batch AND m.outcome IS NULL) THEN
         PERFORM @extschema@.inbox__batch_finished(batch);
     END IF;
 END
@@ -2413,7 +2387,6 @@ DECLARE
     pending_queues pg_catalog.regclass[] := '{}';
     pending_ids pg_catalog.int8[] := '{}';
     job pg_catalog.int8;
-    shard pg_catalog.int4;
 BEGIN
     PERFORM @extschema@.inbox__check_queue(queue);
     IF pg_catalog.array_ndims(depends_on) OPERATOR(pg_catalog.>) 1 THEN
@@ -2461,12 +2434,8 @@ BEGIN
         -- Locked after the parents: a worker settling a member locks the batch last too.
         PERFORM @extschema@.inbox__open_batch(batch);
         UPDATE @extschema@.inbox_batches b SET members = b.members OPERATOR(pg_catalog.+) 1
-         WHERE b.id OPERATOR(pg_catalog.=) inbox__enqueue_composed_once.batch
-        RETURNING b.members OPERATOR(pg_catalog.%) @extschema@.inbox__batch_shards() INTO shard;
-        INSERT INTO @extschema@.inbox_batch_members (queue, id, batch, shard) VALUES (queue, job, batch, shard);
-        INSERT INTO @extschema@.inbox_batch_shards AS c (batch, shard, remaining) VALUES (batch, shard, 1)
-            ON CONFLICT ON CONSTRAINT inbox_batch_shards_pkey
-            DO UPDATE SET remaining = c.remaining OPERATOR(pg_catalog.+) 1;
+         WHERE b.id OPERATOR(pg_catalog.=) inbox__enqueue_composed_once.batch;
+        INSERT INTO @extschema@.inbox_batch_members (queue, id, batch) VALUES (queue, job, batch);
     END IF;
     RETURN job;
 END
@@ -2612,11 +2581,11 @@ BEGIN
         END IF;
         RETURN false;
     END IF;
-    -- Its members may all have settled already. Their counters are locked first, so that a
-    -- settlement not yet committed is waited for and then counted (its own check skips the
-    -- batch, whose seal it cannot see yet).
-    PERFORM FROM @extschema@.inbox_batch_shards c
-     WHERE c.batch OPERATOR(pg_catalog.=) inbox_batch_seal.batch ORDER BY c.shard FOR UPDATE;
+    -- Its members may all have settled already. Those not marked are locked first, so that a
+    -- settlement not yet committed is waited for and then seen (its own check skips the batch,
+    -- whose seal it cannot see yet).
+    PERFORM FROM @extschema@.inbox_batch_members m
+     WHERE m.batch OPERATOR(pg_catalog.=) inbox_batch_seal.batch AND m.outcome IS NULL FOR SHARE;
     PERFORM @extschema@.inbox__batch_check(batch);
     RETURN true;
 END
@@ -2631,12 +2600,13 @@ RETURNS TABLE(members pg_catalog.int4, succeeded pg_catalog.int4, died pg_catalo
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RETURN QUERY
-        SELECT b.members, COALESCE(t.succeeded, 0)::pg_catalog.int4, COALESCE(t.died, 0)::pg_catalog.int4,
+        SELECT b.members, t.succeeded::pg_catalog.int4, t.died::pg_catalog.int4,
                b.created_at, b.sealed_at, b.finished_at
           FROM @extschema@.inbox_batches b,
-               LATERAL (SELECT pg_catalog.sum(c.succeeded) AS succeeded, pg_catalog.sum(c.died) AS died
-                          FROM @extschema@.inbox_batch_shards c
-                         WHERE c.batch OPERATOR(pg_catalog.=) b.id) t
+               LATERAL (SELECT pg_catalog.count(*) FILTER (WHERE m.outcome OPERATOR(pg_catalog.=) 'succeeded') AS succeeded,
+                               pg_catalog.count(*) FILTER (WHERE m.outcome OPERATOR(pg_catalog.=) 'died') AS died
+                          FROM @extschema@.inbox_batch_members m
+                         WHERE m.batch OPERATOR(pg_catalog.=) b.id) t
          WHERE b.id OPERATOR(pg_catalog.=) batch;
 END
 $$;

@@ -2343,7 +2343,7 @@ CREATE TABLE IF NOT EXISTS inbox_batches (
     on_complete pg_catalog.jsonb,
     on_failure_queue pg_catalog.regclass,
     on_failure pg_catalog.jsonb,
-    -- Members added; inbox_batch_shards counts how they settled.
+    -- Members added; inbox_batch_members says how each settled.
     members pg_catalog.int4 NOT NULL DEFAULT 0,
     created_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
     -- Set by inbox_batch_seal: no member is added after it, and the batch may finish.
@@ -2360,30 +2360,18 @@ CREATE TABLE IF NOT EXISTS inbox_batch_members (
     queue pg_catalog.regclass NOT NULL,
     id pg_catalog.int8 NOT NULL,
     batch pg_catalog.int8 NOT NULL REFERENCES inbox_batches ON DELETE CASCADE,
-    -- Which of the batch's counters counts it (inbox_batch_shards).
-    shard pg_catalog.int4 NOT NULL,
-    -- NULL until the member settles: 'succeeded' or 'died'.
+    -- NULL until the member settles: 'succeeded' or 'died' (its first outcome, kept).
     outcome pg_catalog.text CHECK (outcome IN ('succeeded', 'died')),
     PRIMARY KEY (queue, id)
 );
-
--- A batch's members are counted down on 16 rows, a member on the row of its shard: members
--- settling at once mostly lock different rows. Only a settlement that empties a row locks the
--- batch's own row and sums them, so that the last of all sees every other settlement committed
--- (inbox__batch_check).
-CREATE TABLE IF NOT EXISTS inbox_batch_shards (
-    batch pg_catalog.int8 NOT NULL REFERENCES inbox_batches ON DELETE CASCADE,
-    shard pg_catalog.int4 NOT NULL,
-    -- Members of the shard still to settle, and how those that did settled (each counted once,
-    -- by its first outcome).
-    remaining pg_catalog.int4 NOT NULL,
-    succeeded pg_catalog.int4 NOT NULL DEFAULT 0,
-    died pg_catalog.int4 NOT NULL DEFAULT 0,
-    PRIMARY KEY (batch, shard)
-);
-COMMENT ON TABLE inbox_batch_shards IS 'How many members of each batch are still to settle, on 16 counters.';
-CREATE INDEX IF NOT EXISTS inbox_batch_members_batch ON inbox_batch_members (batch);
+-- Each batch's members from the last enqueued: a settlement looks there first for a member that
+-- is still to settle (inbox__members_settled).
+CREATE INDEX IF NOT EXISTS inbox_batch_members_batch_id ON inbox_batch_members (batch, id);
 COMMENT ON TABLE inbox_batch_members IS 'The jobs of each batch and how each settled.';
+-- Installs that counted members on counter rows (inbox_batch_shards) lose them here.
+DROP INDEX IF EXISTS inbox_batch_members_batch;
+DROP TABLE IF EXISTS inbox_batch_shards;
+ALTER TABLE inbox_batch_members DROP COLUMN IF EXISTS shard;
 
 -- Results of succeeded jobs, kept until expires_at (inbox_keep_results, inbox_ack_with_result).
 CREATE TABLE IF NOT EXISTS inbox_results (
@@ -2406,12 +2394,8 @@ ALTER TABLE inbox_queue_controls ADD COLUMN IF NOT EXISTS keep_results pg_catalo
 -- Anyone who may settle a job may need to release its dependants, settle its batch and record its
 -- result, in the settling transaction: the triggers run as the settling role.
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_dependencies, inbox_blocked, inbox_batches,
-    inbox_batch_members, inbox_batch_shards, inbox_results TO PUBLIC;
-
--- How many counters a batch's members are spread over.
-CREATE OR REPLACE FUNCTION inbox__batch_shards() RETURNS pg_catalog.int4
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-RETURN 16;
+    inbox_batch_members, inbox_results TO PUBLIC;
+DROP FUNCTION IF EXISTS inbox__batch_shards();
 
 -- How long a result is kept when the queue sets no retention (an ack with a result).
 CREATE OR REPLACE FUNCTION inbox__default_result_retention() RETURNS pg_catalog.interval
@@ -2624,56 +2608,53 @@ $$;
 COMMENT ON FUNCTION inbox__release(pg_catalog.regclass, pg_catalog.int8[], pg_catalog.timestamptz[]) IS
     'Makes released dependants due.';
 
--- Jobs `ids` of `queue` settled (succeeded or died): their batches count them, each sealed
--- batch whose last member this was finishes.
+-- Jobs `ids` of `queue` settled (succeeded or died): each member among them keeps its first
+-- outcome, and a batch whose last member this was finishes.
+--
+-- No settlement waits for another's unless it may be the batch's last. After marking its own
+-- members, it looks for a member still to settle that no other transaction is settling: one not
+-- marked in the latest committed state and not locked (a member being marked is locked by its
+-- settlement until that commits). It looks from the newest member, which a worker that leases
+-- in order reaches last, and takes a share lock on what it finds, so that the member cannot
+-- settle before this transaction ends: the member's own settlement then looks after this one
+-- committed. Finding one, this settlement is not the last. Finding none, every member left is
+-- being settled by a transaction in flight, or none is left: inbox__batch_check decides under the
+-- batch's row lock, which orders those settlements so that the last to take it sees all the
+-- others committed. At REPEATABLE READ a member or the batch changed since the snapshot fails
+-- the look with 40001 (and the worker runs the delivery again) rather than be misread.
 CREATE OR REPLACE FUNCTION inbox__members_settled(queue pg_catalog.regclass, ids pg_catalog.int8[],
                                                   members_succeeded pg_catalog.bool)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    emptied pg_catalog.int8;
+    settled pg_catalog.int8;
 BEGIN
-    -- The counters are locked in one order, so that settlements sharing them never deadlock.
-    FOR emptied IN
-        WITH settled AS (
+    FOR settled IN
+        WITH marked AS (
             UPDATE inbox_batch_members m
                SET outcome = CASE WHEN members_succeeded THEN 'succeeded' ELSE 'died' END
              WHERE m.queue OPERATOR(pg_catalog.=) inbox__members_settled.queue
                AND m.id OPERATOR(pg_catalog.=) ANY (ids) AND m.outcome IS NULL
-            RETURNING m.batch, m.shard),
-        per_shard AS (
-            SELECT settled.batch, settled.shard, pg_catalog.count(*)::pg_catalog.int4 AS n
-              FROM settled GROUP BY settled.batch, settled.shard),
-        locked AS (
-            SELECT c.batch, c.shard FROM inbox_batch_shards c
-              JOIN per_shard p ON c.batch OPERATOR(pg_catalog.=) p.batch
-                              AND c.shard OPERATOR(pg_catalog.=) p.shard
-             ORDER BY c.batch, c.shard FOR UPDATE OF c),
-        counted AS (
-            UPDATE inbox_batch_shards c
-               SET remaining = c.remaining OPERATOR(pg_catalog.-) p.n,
-                   succeeded = c.succeeded OPERATOR(pg_catalog.+) CASE WHEN members_succeeded THEN p.n ELSE 0 END,
-                   died = c.died OPERATOR(pg_catalog.+) CASE WHEN members_succeeded THEN 0 ELSE p.n END
-              FROM per_shard p, locked l
-             WHERE c.batch OPERATOR(pg_catalog.=) p.batch AND c.shard OPERATOR(pg_catalog.=) p.shard
-               AND l.batch OPERATOR(pg_catalog.=) p.batch AND l.shard OPERATOR(pg_catalog.=) p.shard
-            RETURNING c.batch, c.remaining)
-        SELECT DISTINCT counted.batch FROM counted
-         WHERE counted.remaining OPERATOR(pg_catalog.=) 0 ORDER BY counted.batch
+            RETURNING m.batch)
+        SELECT DISTINCT marked.batch FROM marked ORDER BY marked.batch
     LOOP
-        PERFORM inbox__batch_check(emptied);
+        PERFORM FROM inbox_batch_members m
+          WHERE m.batch OPERATOR(pg_catalog.=) settled AND m.outcome IS NULL
+          ORDER BY m.batch DESC, m.id DESC LIMIT 1 FOR SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+            PERFORM inbox__batch_check(settled);
+        END IF;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION inbox__members_settled(pg_catalog.regclass, pg_catalog.int8[], pg_catalog.bool) IS
-    'Counts batch members'' outcomes and finishes each batch after its last.';
+    'Marks batch members'' outcomes and finishes each batch after its last.';
 
 -- Finishes `batch` if it is sealed and none of its members is left to settle. Its row is
--- written first: its lock orders the checks (each sums the counters after the others
+-- written first: its lock orders the checks (each reads the members after the others
 -- committed), and at REPEATABLE READ a check that raced another fails with 40001 rather than
--- missing its count. An unsealed batch is not locked (adds lock it before its counters, a
--- settlement its counters first): a seal racing this settlement waits for its counters instead
--- (inbox_batch_seal).
+-- misread them. An unsealed batch is not locked: the seal, which waits for the members being
+-- settled, checks it then (inbox_batch_seal).
 CREATE OR REPLACE FUNCTION inbox__batch_check(batch pg_catalog.int8) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -2682,9 +2663,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF NOT EXISTS (SELECT FROM inbox_batch_shards c
-                    WHERE c.batch OPERATOR(pg_catalog.=) inbox__batch_check.batch
-                      AND c.remaining OPERATOR(pg_catalog.>) 0) THEN
+    IF NOT EXISTS (SELECT FROM inbox_batch_members m
+                    WHERE m.batch OPERATOR(pg_catalog.=) inbox__batch_check.batch AND m.outcome IS NULL) THEN
         PERFORM inbox__batch_finished(batch);
     END IF;
 END
@@ -2853,7 +2833,6 @@ DECLARE
     pending_queues pg_catalog.regclass[] := '{}';
     pending_ids pg_catalog.int8[] := '{}';
     job pg_catalog.int8;
-    shard pg_catalog.int4;
 BEGIN
     PERFORM inbox__check_queue(queue);
     IF pg_catalog.array_ndims(depends_on) OPERATOR(pg_catalog.>) 1 THEN
@@ -2901,12 +2880,8 @@ BEGIN
         -- Locked after the parents: a worker settling a member locks the batch last too.
         PERFORM inbox__open_batch(batch);
         UPDATE inbox_batches b SET members = b.members OPERATOR(pg_catalog.+) 1
-         WHERE b.id OPERATOR(pg_catalog.=) inbox__enqueue_composed_once.batch
-        RETURNING b.members OPERATOR(pg_catalog.%) inbox__batch_shards() INTO shard;
-        INSERT INTO inbox_batch_members (queue, id, batch, shard) VALUES (queue, job, batch, shard);
-        INSERT INTO inbox_batch_shards AS c (batch, shard, remaining) VALUES (batch, shard, 1)
-            ON CONFLICT ON CONSTRAINT inbox_batch_shards_pkey
-            DO UPDATE SET remaining = c.remaining OPERATOR(pg_catalog.+) 1;
+         WHERE b.id OPERATOR(pg_catalog.=) inbox__enqueue_composed_once.batch;
+        INSERT INTO inbox_batch_members (queue, id, batch) VALUES (queue, job, batch);
     END IF;
     RETURN job;
 END
@@ -3072,11 +3047,11 @@ BEGIN
         END IF;
         RETURN false;
     END IF;
-    -- Its members may all have settled already. Their counters are locked first, so that a
-    -- settlement not yet committed is waited for and then counted (its own check skips the
-    -- batch, whose seal it cannot see yet).
-    PERFORM FROM inbox_batch_shards c
-     WHERE c.batch OPERATOR(pg_catalog.=) inbox_batch_seal.batch ORDER BY c.shard FOR UPDATE;
+    -- Its members may all have settled already. Those not marked are locked first, so that a
+    -- settlement not yet committed is waited for and then seen (its own check skips the batch,
+    -- whose seal it cannot see yet).
+    PERFORM FROM inbox_batch_members m
+     WHERE m.batch OPERATOR(pg_catalog.=) inbox_batch_seal.batch AND m.outcome IS NULL FOR SHARE;
     PERFORM inbox__batch_check(batch);
     RETURN true;
 END
@@ -3092,12 +3067,13 @@ RETURNS TABLE(members pg_catalog.int4, succeeded pg_catalog.int4, died pg_catalo
 LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RETURN QUERY
-        SELECT b.members, COALESCE(t.succeeded, 0)::pg_catalog.int4, COALESCE(t.died, 0)::pg_catalog.int4,
+        SELECT b.members, t.succeeded::pg_catalog.int4, t.died::pg_catalog.int4,
                b.created_at, b.sealed_at, b.finished_at
           FROM inbox_batches b,
-               LATERAL (SELECT pg_catalog.sum(c.succeeded) AS succeeded, pg_catalog.sum(c.died) AS died
-                          FROM inbox_batch_shards c
-                         WHERE c.batch OPERATOR(pg_catalog.=) b.id) t
+               LATERAL (SELECT pg_catalog.count(*) FILTER (WHERE m.outcome OPERATOR(pg_catalog.=) 'succeeded') AS succeeded,
+                               pg_catalog.count(*) FILTER (WHERE m.outcome OPERATOR(pg_catalog.=) 'died') AS died
+                          FROM inbox_batch_members m
+                         WHERE m.batch OPERATOR(pg_catalog.=) b.id) t
          WHERE b.id OPERATOR(pg_catalog.=) batch;
 END
 $$;

@@ -481,6 +481,89 @@ async fn a_seal_racing_the_last_members_ack_finishes_the_batch_once() {
     }
 }
 
+/// The last two members of a sealed batch acked by two transactions at once: the first to ack
+/// finds the other member still to settle and holds it, so the second's ack waits for the first
+/// to commit and then sees the batch finished. Whichever member goes first, the callback is
+/// enqueued once, in the second transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_two_members_acked_at_once_finish_the_batch_once() {
+    let db = TestDb::new().await;
+    let setup = db.client().await;
+    setup
+        .batch_execute("SELECT inbox_create_queue('jobs'), inbox_create_queue('callbacks')")
+        .await
+        .unwrap();
+    let first_acker = db.client().await;
+    let second_acker = Arc::new(db.client().await);
+    for newest_first in [false, true] {
+        let batch = one_i64(&setup, "SELECT inbox_batch_open('callbacks', '{}')").await;
+        let mut members = Vec::new();
+        for _ in 0..2 {
+            members.push(
+                one_i64(
+                    &setup,
+                    &format!("SELECT inbox_batch_add({batch}, 'jobs', '{{}}')"),
+                )
+                .await,
+            );
+        }
+        setup
+            .batch_execute(&format!("SELECT inbox_batch_seal({batch})"))
+            .await
+            .unwrap();
+        let tokens: HashMap<i64, i64> = setup
+            .query("SELECT id, token FROM inbox_lease('jobs', 2)", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        if newest_first {
+            members.reverse();
+        }
+        let ack = |member: i64| {
+            format!(
+                "BEGIN; SELECT inbox_ack('jobs', {member}, {})",
+                tokens[&member]
+            )
+        };
+        first_acker.batch_execute(&ack(members[0])).await.unwrap();
+        let second_pid = support::backend_pid(&second_acker).await;
+        let blocked = {
+            let (second_acker, sql) = (Arc::clone(&second_acker), ack(members[1]));
+            tokio::spawn(async move { second_acker.batch_execute(&sql).await })
+        };
+        support::wait_until_waiting_on_lock(&setup, second_pid).await;
+        first_acker.batch_execute("COMMIT").await.unwrap();
+        tokio::time::timeout(support::PATIENCE, blocked)
+            .await
+            .expect("the second ack stayed blocked")
+            .unwrap()
+            .unwrap();
+        second_acker.batch_execute("COMMIT").await.unwrap();
+        let row = setup
+            .query_one(
+                &format!(
+                    "SELECT finished_at IS NOT NULL, succeeded, \
+                            (SELECT count(*) FROM callbacks WHERE payload -> 'batch' ->> 'id' = '{batch}') \
+                       FROM inbox_batch({batch})"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                row.get::<_, bool>(0),
+                row.get::<_, i32>(1),
+                row.get::<_, i64>(2)
+            ),
+            (true, 2, 1),
+            "newest first: {newest_first}"
+        );
+    }
+}
+
 /// The first enqueue after a parent creates the parent queue's triggers, holding that queue
 /// against its writers, and then waits for the parent, which a lock-mode delivery holds; that
 /// delivery's ack waits for the queue. PostgreSQL cancels the session that checks for a deadlock
