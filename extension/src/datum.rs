@@ -96,6 +96,10 @@ raw_datum!(
     /// A `bigint[]` value.
     BigintArray, "bigint[]", pg_sys::INT8ARRAYOID
 );
+raw_datum!(
+    /// A `timestamptz[]` value.
+    TimestamptzArray, "timestamptz[]", pg_sys::TIMESTAMPTZARRAYOID
+);
 
 /// What a one-dimensional array argument holds, read from its header.
 pub(crate) struct ArrayFacts {

@@ -52,6 +52,7 @@ pub(crate) enum Op {
     PublishJson,
     PublishHeaders,
     PublishLock,
+    ReleaseDependants,
 }
 
 /// What must be dropped from the cache before its next use.

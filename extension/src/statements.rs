@@ -712,6 +712,21 @@ fn head(queue: &QueueShape, alias: &str) -> String {
     format!("{alias}.dead_at IS NULL AND {active}")
 }
 
+/// `$1` ids of dependants whose last parent succeeded, `$2` when each runs (NULL: now): each
+/// still blocked (not cancelled meanwhile) is made due. Its row is found by primary key.
+pub(crate) fn release_dependants(queue: &QueueShape) -> Sql {
+    Sql {
+        text: format!(
+            "UPDATE {} AS q SET locked_until = GREATEST(r.run_at, pg_catalog.clock_timestamp()) \
+               FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), \
+                               pg_catalog.unnest($2::pg_catalog.timestamptz[])) AS r(id, run_at) \
+              WHERE q.id {EQ} r.id AND q.dead_at IS NULL AND q.locked_until {EQ} {INFINITY}",
+            queue.table
+        ),
+        args: vec![pg_sys::INT8ARRAYOID, pg_sys::TIMESTAMPTZARRAYOID],
+    }
+}
+
 /// `$1` a group key: whether the group has a job (its head, or jobs waiting behind it), so
 /// that a new job must wait. Two probes of the groups' partial indexes.
 pub(crate) fn group_busy(queue: &QueueShape) -> Sql {

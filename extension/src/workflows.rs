@@ -1,8 +1,13 @@
 //! Workflows: kept results, dependencies and batches. `sql/shared/workflows.sql` has all of it
-//! (both builds): nothing runs on a queue's hot path until one of its jobs takes part, and then
-//! row triggers on the queue settle dependants, batches and results in the settling transaction.
+//! (both builds) but the release of dependants: nothing runs on a queue's hot path until one of
+//! its jobs takes part, and then row triggers on the queue settle dependants, batches and results
+//! in the settling transaction.
 
 use pgrx::prelude::*;
+
+use crate::datum::{BigintArray, RegClass, TimestamptzArray};
+use crate::plans::{self, Op};
+use crate::statements;
 
 // inbox__check_queue and inbox_queue_controls are the controls'; placed after everything else
 // that follows them, so that the schema's order is one and the same on every build.
@@ -11,3 +16,29 @@ extension_sql_file!(
     name = "workflows",
     requires = ["controls", "limits", "controls_changed"]
 );
+
+/// Makes the dependants `ids` of `queue`, whose last parent succeeded, due: each at its
+/// `run_ats` entry, or now where that is NULL or past; a dependant cancelled meanwhile stays
+/// dead, and nothing happens to a queue that was dropped. Run by the ack of their last parent
+/// (sql/shared/workflows.sql, inbox__jobs_succeeded), once per acking statement: written natively
+/// (sql/sql-only/55-workflows.sql has the SQL-only build's) so that its statement is planned once
+/// per queue and session, where the PL/pgSQL version plans it at every ack.
+#[pg_extern(volatile, parallel_unsafe, name = "inbox__release")]
+fn release(queue: RegClass, ids: BigintArray, run_ats: TimestamptzArray) {
+    // SAFETY: a catalog lookup by oid; '\0' when no relation has it.
+    if unsafe { pg_sys::get_rel_relkind(queue.0) } == 0 {
+        return;
+    }
+    let released = Spi::connect_mut(|client| {
+        let plan = plans::generic_plan(
+            client,
+            queue.0,
+            Op::ReleaseDependants,
+            statements::release_dependants,
+        );
+        plan.run(&[ids.into(), run_ats.into()])
+    });
+    if released > 0 {
+        crate::queue::notify(queue.0);
+    }
+}

@@ -14,7 +14,8 @@
 --
 -- A dependant waits as a job of an ordered group waits for its turn: locked_until = 'infinity'
 -- with dead_at NULL, outside every take's index. inbox_blocked counts its parents still to
--- succeed; the last parent's ack makes it due. A parent that dies keeps its dependants blocked
+-- succeed (a dependant of one parent, due at once, needs no count); the last parent's ack makes
+-- it due. A parent that dies keeps its dependants blocked
 -- for an operator: requeued, it releases them when it succeeds; they can also be cancelled.
 --
 -- References to the extension's own objects are written @extschema@.name (see outbox.sql).
@@ -219,12 +220,16 @@ DECLARE
 BEGIN
     IF 'dependencies' OPERATOR(pg_catalog.=) ANY (TG_ARGV) THEN
         -- Each dependant waits for as many parents fewer; those left with none are released.
-        -- They are locked in one order, so that acks sharing dependants never deadlock.
+        -- They are locked in one order, so that acks sharing dependants never deadlock. Rows
+        -- are found by their keys as arrays, so that every plan is an index scan whatever the
+        -- tables' statistics say (joined to the transition table, a plan made for a table
+        -- without statistics read every dependency of the queue for each job acked).
         FOR released IN
             WITH done AS (
-                DELETE FROM @extschema@.inbox_dependencies d USING settled s
+                DELETE FROM @extschema@.inbox_dependencies d
                  WHERE d.parent_queue OPERATOR(pg_catalog.=) job_queue
-                   AND d.parent_id OPERATOR(pg_catalog.=) s.id AND s.dead_at IS NULL
+                   AND d.parent_id OPERATOR(pg_catalog.=) ANY (ARRAY(
+                           SELECT s.id FROM settled s WHERE s.dead_at IS NULL))
                 RETURNING d.child_queue, d.child_id),
             counted AS (
                 SELECT done.child_queue, done.child_id, pg_catalog.count(*)::pg_catalog.int4 AS n
@@ -234,6 +239,8 @@ BEGIN
                   FROM @extschema@.inbox_blocked b
                   JOIN counted c ON b.queue OPERATOR(pg_catalog.=) c.child_queue
                                 AND b.id OPERATOR(pg_catalog.=) c.child_id
+                 WHERE b.queue OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT k.child_queue FROM counted k))
+                   AND b.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT k.child_id FROM counted k))
                  ORDER BY b.queue::pg_catalog.oid, b.id FOR UPDATE OF b),
             waiting AS (
                 UPDATE @extschema@.inbox_blocked b SET parents_left = b.parents_left OPERATOR(pg_catalog.-) l.n
@@ -245,10 +252,17 @@ BEGIN
                 DELETE FROM @extschema@.inbox_blocked b USING locked l
                  WHERE b.queue OPERATOR(pg_catalog.=) l.queue AND b.id OPERATOR(pg_catalog.=) l.id
                    AND l.parents_left OPERATOR(pg_catalog.<=) l.n
-                RETURNING b.queue, b.id, b.run_at)
+                RETURNING b.queue, b.id, b.run_at),
+            -- A dependant that waited for one parent, to run at once, has no count to keep.
+            alone AS (
+                SELECT c.child_queue AS queue, c.child_id AS id, NULL::pg_catalog.timestamptz AS run_at
+                  FROM counted c
+                 WHERE NOT EXISTS (SELECT FROM locked l
+                                    WHERE l.queue OPERATOR(pg_catalog.=) c.child_queue
+                                      AND l.id OPERATOR(pg_catalog.=) c.child_id))
             SELECT f.queue, pg_catalog.array_agg(f.id ORDER BY f.id) AS ids,
                    pg_catalog.array_agg(f.run_at ORDER BY f.id) AS run_ats
-              FROM freed f GROUP BY f.queue
+              FROM (SELECT * FROM freed UNION ALL SELECT * FROM alone) f GROUP BY f.queue
         LOOP
             PERFORM @extschema@.inbox__release(released.queue, released.ids, released.run_ats);
         END LOOP;
@@ -294,34 +308,6 @@ END
 $$;
 COMMENT ON FUNCTION inbox__job_died() IS
     'The trigger of a watched queue''s deaths: counts a batch member as died and wakes the job''s waiters.';
-
--- Makes the released jobs `ids` of `queue` due, each at its run_at (or now); a job cancelled
--- meanwhile stays dead, and one whose queue was dropped is gone with it.
-CREATE OR REPLACE FUNCTION inbox__release(queue pg_catalog.regclass, ids pg_catalog.int8[],
-                                          run_ats pg_catalog.timestamptz[])
-RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    released pg_catalog.int8;
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) queue::pg_catalog.oid) THEN
-        RETURN;
-    END IF;
-    EXECUTE pg_catalog.format(
-        'UPDATE %s q SET locked_until = GREATEST(r.run_at, pg_catalog.clock_timestamp()) '
-        '  FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), '
-        '                  pg_catalog.unnest($2::pg_catalog.timestamptz[])) AS r(id, run_at) '
-        ' WHERE q.id OPERATOR(pg_catalog.=) r.id AND q.dead_at IS NULL '
-        '   AND q.locked_until OPERATOR(pg_catalog.=) ''infinity''::pg_catalog.timestamptz', queue)
-      USING ids, run_ats;
-    GET DIAGNOSTICS released = ROW_COUNT;
-    IF released OPERATOR(pg_catalog.>) 0 THEN
-        PERFORM @extschema@.inbox_notify(queue);
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION inbox__release(pg_catalog.regclass, pg_catalog.int8[], pg_catalog.timestamptz[]) IS
-    'Makes released dependants due.';
 
 -- Jobs `ids` of `queue` settled (succeeded or died): each member among them keeps its first
 -- outcome, and a batch whose last member this was finishes.
@@ -585,8 +571,11 @@ BEGIN
         EXECUTE pg_catalog.format(
             'UPDATE %s SET locked_until = ''infinity''::pg_catalog.timestamptz WHERE id OPERATOR(pg_catalog.=) $1',
             queue) USING job;
-        INSERT INTO @extschema@.inbox_blocked (queue, id, parents_left, run_at)
-        VALUES (queue, job, pg_catalog.cardinality(pending_ids), run_at);
+        IF pg_catalog.cardinality(pending_ids) OPERATOR(pg_catalog.>) 1
+           OR run_at OPERATOR(pg_catalog.>) pg_catalog.now() THEN
+            INSERT INTO @extschema@.inbox_blocked (queue, id, parents_left, run_at)
+            VALUES (queue, job, pg_catalog.cardinality(pending_ids), run_at);
+        END IF;
         INSERT INTO @extschema@.inbox_dependencies (parent_queue, parent_id, child_queue, child_id)
         SELECT p.parent_queue, p.parent_id, inbox__enqueue_composed_once.queue, job
           FROM ROWS FROM (pg_catalog.unnest(pending_queues), pg_catalog.unnest(pending_ids)) AS p(parent_queue, parent_id);
@@ -937,9 +926,8 @@ BEGIN
                       THEN 'cancelled' ELSE 'dead' END
         WHEN locked_until OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz
             THEN CASE WHEN NOT (job OPERATOR(pg_catalog.?) 'dead_at') THEN 'dead'
-                      WHEN EXISTS (SELECT FROM @extschema@.inbox_blocked b
-                                    WHERE b.queue OPERATOR(pg_catalog.=) inbox_result.queue
-                                      AND b.id OPERATOR(pg_catalog.=) inbox_result.id) THEN 'blocked'
+                      -- Set aside outside a group: a dependant (they have no group).
+                      WHEN job OPERATOR(pg_catalog.->>) 'group_key' IS NULL THEN 'blocked'
                       ELSE 'waiting' END
         WHEN locked_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
             THEN CASE WHEN job OPERATOR(pg_catalog.->>) 'leased_at' IS NOT NULL THEN 'running' ELSE 'scheduled' END

@@ -122,6 +122,62 @@ async fn a_dependant_runs_only_after_every_parent_succeeded() {
     assert_eq!(one_i64(&client, "SELECT count(*) FROM stock").await, 0);
 }
 
+/// In SQL: a dependant of one parent keeps no count of parents, and runs once that parent
+/// succeeded; one enqueued for later keeps its time and runs then, not at its parent's ack.
+#[tokio::test]
+async fn a_dependant_of_one_parent_runs_at_its_own_time() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute("SELECT inbox_create_queue('jobs')")
+        .await
+        .unwrap();
+    let parent = one_i64(&client, "SELECT inbox_enqueue('jobs', '{}')").await;
+    let now = one_i64(
+        &client,
+        &format!("SELECT inbox_enqueue_after('jobs', '{{}}', ARRAY[inbox_job('jobs', {parent})])"),
+    )
+    .await;
+    let later = one_i64(
+        &client,
+        &format!(
+            "SELECT inbox_enqueue_after('jobs', '{{}}', ARRAY[inbox_job('jobs', {parent})], \
+                                        run_at => now() + interval '1 hour')"
+        ),
+    )
+    .await;
+    for id in [now, later] {
+        assert_eq!(state(&client, "jobs", id).await.as_deref(), Some("blocked"));
+    }
+    lease_and_ack(&client, "jobs", parent).await;
+    assert_eq!(state(&client, "jobs", now).await.as_deref(), Some("ready"));
+    assert_eq!(
+        state(&client, "jobs", later).await.as_deref(),
+        Some("scheduled")
+    );
+    let due_in: f64 = client
+        .query_one(
+            &format!(
+                "SELECT extract(epoch FROM locked_until - now())::float8 FROM jobs WHERE id = {later}"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(due_in > 3000.0, "due in {due_in} s");
+    lease_and_ack(&client, "jobs", now).await;
+    assert_eq!(
+        one_i64(
+            &client,
+            "SELECT (SELECT count(*) FROM inbox_blocked WHERE queue = 'jobs'::regclass) \
+                  + (SELECT count(*) FROM inbox_dependencies WHERE child_queue = 'jobs'::regclass)"
+        )
+        .await,
+        0
+    );
+}
+
 /// In SQL: a parent that dies keeps its dependant blocked; requeued and acked, it releases it. A
 /// dependant cancelled while blocked stays cancelled when its parent succeeds.
 #[tokio::test]
