@@ -18,6 +18,8 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use crate::error::*;
+use crate::plans::{self, Op};
+use crate::statements::Sql;
 
 const TABLE: &str = "inbox_queue_controls";
 
@@ -208,14 +210,12 @@ pub(crate) fn schema(client: &SpiClient<'_>) -> String {
 /// Whether the limits of `queue` would let a job start now (`inbox__limits_allow`).
 pub(crate) fn limits_allow(client: &SpiClient<'_>, queue: Oid) -> bool {
     let schema = schema(client);
-    client
-        .select(
-            &format!("SELECT {schema}.inbox__limits_allow($1)"),
-            None,
-            &[crate::datum::RegClass(queue).into()],
-        )
-        .and_then(|rows| rows.first().get_one::<bool>())
-        .unwrap_or_else(|e| internal(e))
+    let plan = plans::plan(queue, Op::LimitsAllow, || Sql {
+        text: format!("SELECT {schema}.inbox__limits_allow($1)"),
+        args: vec![pg_sys::REGCLASSOID],
+    });
+    plan.read_rows(&[crate::datum::RegClass(queue).into()])
+        .get::<bool>(0, 1)
         .unwrap_or(true)
 }
 
@@ -229,20 +229,18 @@ pub(crate) fn take_limited(
     lease: Option<pgrx::datum::Interval>,
 ) -> Vec<crate::queue::Delivery> {
     let schema = schema(client);
-    let rows = client
-        .update(
-            &format!(
-                "SELECT id, attempt, token, payload, payload_bytes, timeout \
-                   FROM {schema}.inbox__take_limited($1, $2, $3)"
-            ),
-            None,
-            &[
-                crate::datum::RegClass(queue).into(),
-                max.into(),
-                lease.into(),
-            ],
-        )
-        .unwrap_or_else(|e| internal(e));
+    let plan = plans::plan(queue, Op::TakeLimited, || Sql {
+        text: format!(
+            "SELECT id, attempt, token, payload, payload_bytes, timeout \
+               FROM {schema}.inbox__take_limited($1, $2, $3)"
+        ),
+        args: vec![pg_sys::REGCLASSOID, pg_sys::INT4OID, pg_sys::INTERVALOID],
+    });
+    let rows = plan.rows(&[
+        crate::datum::RegClass(queue).into(),
+        max.into(),
+        lease.into(),
+    ]);
     (0..rows.len())
         .map(|row| {
             // SAFETY: the last SPI result is this one, of (int8, int4, int8, jsonb, bytea,

@@ -30,14 +30,9 @@ fn requeue_with(
     first: pgrx::datum::DatumWithOid<'_>,
 ) -> i64 {
     Spi::connect_mut(|client| {
-        let plan = plans::queue_plan(client, queue, op, build);
-        let rows = client
-            .update(&*plan, None, &[first, clock_now()])
-            .unwrap_or_else(|e| internal(e));
+        let rows = plans::queue_plan(client, queue, op, build).rows(&[first, clock_now()]);
+        let groups: Vec<String> = (0..rows.len()).filter_map(|row| rows.get(row, 1)).collect();
         let requeued = rows.len() as i64;
-        let groups: Vec<String> = rows
-            .filter_map(|row| row.get::<String>(1).ok().flatten())
-            .collect();
         groups::settled(client, queue, groups);
         requeued
     })
@@ -75,12 +70,7 @@ fn inbox_discard(queue: Option<RegClass>, id: Option<i64>) -> bool {
     let queue = required(queue, "queue").0;
     let id = required(id, "id");
     Spi::connect_mut(|client| {
-        let plan = plans::queue_plan(client, queue, Op::Discard, statements::discard);
-        client
-            .update(&*plan, None, &[id.into()])
-            .unwrap_or_else(|e| internal(e))
-            .len()
-            == 1
+        plans::queue_plan(client, queue, Op::Discard, statements::discard).run(&[id.into()]) == 1
     })
 }
 
@@ -117,10 +107,7 @@ fn inbox_dead_jobs(
     let jobs: Vec<DeadJob> = Spi::connect(|client| {
         let shape = plans::queue(client, queue);
         let plan = plans::queue_plan(client, queue, Op::DeadJobs, statements::dead_jobs);
-        let found = client
-            .select(&*plan, None, &[max.into()])
-            .unwrap_or_else(|e| internal(e))
-            .len();
+        let found = plan.read_rows(&[max.into()]).len();
         (0..found)
             .map(|row| {
                 // SAFETY: the statement returned `found` rows of (int8, int4, text, timestamptz,

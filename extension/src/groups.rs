@@ -9,7 +9,7 @@
 //! advisory lock on (queue, hash of the key), held until commit (and the queue's own lock held
 //! shared, or for an operation on many groups exclusively, in their place); the statements that decide
 //! whether a new job waits, and which job is promoted, read the latest committed state (see
-//! [`plans::RawPlan`]), so that a `REPEATABLE READ` transaction whose snapshot predates the
+//! [`plans::Plan`]), so that a `REPEATABLE READ` transaction whose snapshot predates the
 //! previous holder's commit neither leaves a job waiting behind a head that is gone nor starts a
 //! second head.
 
@@ -51,26 +51,16 @@ pub(crate) fn lock(client: &mut SpiClient<'_>, queue: Oid, groups: &[String]) {
     match groups {
         [] => {}
         [group] => {
-            let plan = plans::plan(client, queue, Op::GroupLockOne, statements::group_lock_one);
-            client
-                .update(&*plan, None, &[key.into(), group.as_str().into()])
-                .unwrap_or_else(|e| internal(e));
+            plans::plan(queue, Op::GroupLockOne, statements::group_lock_one)
+                .run(&[key.into(), group.as_str().into()]);
         }
         _ => {
             let wide = groups.len() > MOST_GROUP_LOCKS;
-            let plan = plans::plan(client, queue, Op::QueueLock, statements::queue_lock);
-            client
-                .update(&*plan, None, &[key.into(), wide.into()])
-                .unwrap_or_else(|e| internal(e));
+            plans::plan(queue, Op::QueueLock, statements::queue_lock)
+                .run(&[key.into(), wide.into()]);
             if !wide {
-                let plan = plans::plan(client, queue, Op::GroupLock, statements::group_lock);
-                client
-                    .update(
-                        &*plan,
-                        None,
-                        &[key.into(), DatumWithOid::from(groups.to_vec())],
-                    )
-                    .unwrap_or_else(|e| internal(e));
+                plans::plan(queue, Op::GroupLock, statements::group_lock)
+                    .run(&[key.into(), DatumWithOid::from(groups.to_vec())]);
             }
         }
     }

@@ -56,10 +56,7 @@ fn claim(
     let seen_at = finite_time(seen_at, "seen_at");
     Spi::connect_mut(|client| {
         let plan = plans::ledger_plan(client, ledger, Op::Claim, statements::claim);
-        let inserted = client
-            .update(&*plan, None, &[key.into(), seen_at.into()])
-            .unwrap_or_else(|e| internal(e));
-        inserted.len() == 1
+        plan.run(&[key.into(), seen_at.into()]) == 1
     })
 }
 
@@ -70,11 +67,7 @@ fn inbox_seen(ledger: Option<RegClass>, key: Option<Text>) -> bool {
     let key = required(key, "key");
     Spi::connect(|client| {
         let plan = plans::ledger_plan(client, ledger, Op::Seen, statements::seen);
-        client
-            .select(&*plan, None, &[key.into()])
-            .and_then(|rows| rows.first().get_one::<bool>())
-            .unwrap_or_else(|e| internal(e))
-            .unwrap_or(false)
+        plan.read_rows(&[key.into()]).get(0, 1).unwrap_or(false)
     })
 }
 
@@ -89,10 +82,7 @@ fn inbox_purge(ledger: Option<RegClass>, older_than: Option<TimestampWithTimeZon
         let plan = plans::ledger_plan(client, ledger, Op::Purge, statements::purge);
         let mut purged = 0;
         loop {
-            let batch = client
-                .update(&*plan, None, &[older_than.into()])
-                .unwrap_or_else(|e| internal(e))
-                .len() as i64;
+            let batch = plan.run(&[older_than.into()]) as i64;
             purged += batch;
             if batch < PURGE_BATCH {
                 return purged;

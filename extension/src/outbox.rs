@@ -81,11 +81,8 @@ fn publish(
     }
     let id = Spi::connect_mut(|client| {
         if let Some(headers) = headers {
-            let plan = plans::plan(client, outbox, Op::PublishHeaders, headers_are_strings);
-            let valid = client
-                .select(&*plan, None, &[headers.into()])
-                .and_then(|rows| rows.first().get_one::<bool>())
-                .unwrap_or_else(|e| internal(e));
+            let plan = plans::plan(outbox, Op::PublishHeaders, headers_are_strings);
+            let valid = plan.read_rows(&[headers.into()]).get::<bool>(0, 1);
             if valid != Some(true) {
                 raise(
                     ERRCODE_INVALID_PARAMETER_VALUE,
@@ -94,11 +91,8 @@ fn publish(
             }
         }
         if let Some(key) = key {
-            let plan = plans::plan(client, outbox, Op::PublishLock, key_lock);
             let outbox_key = outbox.to_u32() as i32;
-            client
-                .update(&*plan, None, &[outbox_key.into(), key.into()])
-                .unwrap_or_else(|e| internal(e));
+            plans::plan(outbox, Op::PublishLock, key_lock).run(&[outbox_key.into(), key.into()]);
         }
         let plan = plans::queue_plan(client, outbox, op, insert);
         let key = key.map_or_else(
@@ -109,10 +103,8 @@ fn publish(
             || DatumWithOid::null_oid(pg_sys::JSONBOID),
             DatumWithOid::from,
         );
-        client
-            .update(&*plan, None, &[subject.into(), key, payload, headers])
-            .and_then(|rows| rows.first().get_one::<i64>())
-            .unwrap_or_else(|e| internal(e))
+        plan.rows(&[subject.into(), key, payload, headers])
+            .get::<i64>(0, 1)
     });
     crate::queue::notify(outbox);
     id.unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, "the outbox's insert returned no id"))

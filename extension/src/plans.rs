@@ -1,5 +1,11 @@
 //! Prepared statements kept per table for the life of the backend.
 //!
+//! Every statement the extension keeps is a [`Plan`], prepared through SPI: as the plan cache
+//! chooses ([`plan`]), kept to its generic plan ([`generic_plan`]), or run on the latest committed
+//! state ([`latest_plan`]). Only statements built for one call of an operator or setup function
+//! (`observe.rs`, `citus.rs`, the catalog reads of `shape.rs`) run unprepared, through pgrx's
+//! SPI client.
+//!
 //! The first call on a table reads its shape from the catalog and prepares the statement the
 //! call needs; later calls reuse both. A relcache invalidation of the table (any DDL, and also
 //! VACUUM and ANALYZE, which update its statistics) marks them stale, and the next call
@@ -12,8 +18,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use pgrx::pg_sys::{self, Oid};
-use pgrx::spi::{OwnedPreparedStatement, SpiClient};
-use pgrx::PgOid;
+use pgrx::spi::SpiClient;
+use pgrx::FromDatum;
 
 use crate::error::*;
 use crate::shape::{LedgerShape, QueueShape};
@@ -53,6 +59,9 @@ pub(crate) enum Op {
     PublishHeaders,
     PublishLock,
     ReleaseDependants,
+    TickInsert,
+    LimitsAllow,
+    TakeLimited,
 }
 
 /// What must be dropped from the cache before its next use.
@@ -65,8 +74,7 @@ enum Stale {
 struct Cache {
     ledgers: HashMap<Oid, Rc<LedgerShape>>,
     queues: HashMap<Oid, Rc<QueueShape>>,
-    plans: HashMap<(Oid, Op), Rc<OwnedPreparedStatement>>,
-    raw: HashMap<(Oid, Op), Rc<RawPlan>>,
+    plans: HashMap<(Oid, Op), Rc<Plan>>,
 }
 
 impl Cache {
@@ -77,13 +85,11 @@ impl Cache {
                     self.ledgers.clear();
                     self.queues.clear();
                     self.plans.clear();
-                    self.raw.clear();
                 }
                 Stale::Table(oid) => {
                     self.ledgers.remove(&oid);
                     self.queues.remove(&oid);
                     self.plans.retain(|(table, _), _| *table != oid);
-                    self.raw.retain(|(table, _), _| *table != oid);
                 }
             }
         }
@@ -161,25 +167,10 @@ fn cached<K: std::hash::Hash + Eq, V>(
     value
 }
 
-/// The statement `op` for table `oid`, prepared from `build` on first use.
-pub(crate) fn plan(
-    client: &SpiClient<'_>,
-    oid: Oid,
-    op: Op,
-    build: impl FnOnce() -> Sql,
-) -> Rc<OwnedPreparedStatement> {
-    cached(
-        (oid, op),
-        |cache| &mut cache.plans,
-        || {
-            let sql = build();
-            let args: Vec<PgOid> = sql.args.iter().map(|&oid| PgOid::from(oid)).collect();
-            client
-                .prepare_mut(sql.text.as_str(), &args)
-                .unwrap_or_else(|e| raise(ERRCODE_INTERNAL_ERROR, format!("preparing {op:?}: {e}")))
-                .keep()
-        },
-    )
+/// The statement `op` for table `oid`, prepared from `build` on first use, and planned as
+/// PostgreSQL's plan cache chooses (a custom plan while it costs less than the generic one).
+pub(crate) fn plan(oid: Oid, op: Op, build: impl FnOnce() -> Sql) -> Rc<Plan> {
+    prepared(oid, op, 0, build)
 }
 
 /// Shorthand for the statements built from a ledger's shape.
@@ -188,8 +179,8 @@ pub(crate) fn ledger_plan(
     oid: Oid,
     op: Op,
     build: fn(&LedgerShape) -> Sql,
-) -> Rc<OwnedPreparedStatement> {
-    plan(client, oid, op, || build(&ledger(client, oid)))
+) -> Rc<Plan> {
+    plan(oid, op, || build(&ledger(client, oid)))
 }
 
 /// Shorthand for the statements built from a queue's shape.
@@ -198,12 +189,21 @@ pub(crate) fn queue_plan(
     oid: Oid,
     op: Op,
     build: fn(&QueueShape) -> Sql,
-) -> Rc<OwnedPreparedStatement> {
-    plan(client, oid, op, || build(&queue(client, oid)))
+) -> Rc<Plan> {
+    plan(oid, op, || build(&queue(client, oid)))
 }
 
-/// A statement prepared through SPI directly, for the two things pgrx's prepared statements
-/// cannot do: keep to the generic plan, and run on the latest committed state.
+fn prepared(oid: Oid, op: Op, cursor_options: u32, build: impl FnOnce() -> Sql) -> Rc<Plan> {
+    cached(
+        (oid, op),
+        |cache| &mut cache.plans,
+        || Plan::prepare(op, build(), cursor_options),
+    )
+}
+
+/// A statement prepared through SPI and kept for the life of the backend: every statement the
+/// extension keeps is one. Besides the plan cache's own choice of plan ([`plan`]), it can keep to
+/// the generic plan ([`generic_plan`]) and run on the latest committed state ([`latest_plan`]).
 ///
 /// The generic plan: locks take `LIMIT $1` jobs, leases and the array settlements find `$1` ids
 /// by primary key; left to choose, the plan cache plans them again on every call (a generic
@@ -216,9 +216,9 @@ pub(crate) fn queue_plan(
 /// must see what the transactions that held the lock before committed (as `REFERENCES` checks
 /// do), even in a `REPEATABLE READ` or `SERIALIZABLE` transaction whose own snapshot may predate
 /// it. Under `READ COMMITTED` every statement sees that anyway.
-pub(crate) struct RawPlan(std::ptr::NonNull<pg_sys::_SPI_plan>);
+pub(crate) struct Plan(std::ptr::NonNull<pg_sys::_SPI_plan>);
 
-impl Drop for RawPlan {
+impl Drop for Plan {
     fn drop(&mut self) {
         // SAFETY: the plan was kept by SPI_keepplan and is freed once, here.
         unsafe {
@@ -237,8 +237,9 @@ fn spi_args(args: &[pgrx::datum::DatumWithOid<'_>]) -> (Vec<pg_sys::Datum>, Vec<
         .unzip()
 }
 
-impl RawPlan {
-    fn prepare(op: Op, sql: Sql, cursor_options: u32) -> RawPlan {
+impl Plan {
+    /// Prepares `sql` (`what` names it in an error) and keeps it until dropped.
+    pub(crate) fn prepare(what: impl std::fmt::Debug, sql: Sql, cursor_options: u32) -> Plan {
         let text = std::ffi::CString::new(sql.text).expect("SQL without NUL bytes");
         let mut args = sql.args;
         // SAFETY: the text and the argument types outlive the call; SPI is connected.
@@ -255,17 +256,32 @@ impl RawPlan {
             let code = unsafe { pg_sys::SPI_result };
             raise(
                 ERRCODE_INTERNAL_ERROR,
-                format!("preparing {op:?}: SPI error {code}"),
+                format!("preparing {what:?}: SPI error {code}"),
             );
         };
         // SAFETY: a plan just prepared, kept once.
         unsafe { pg_sys::SPI_keepplan(plan.as_ptr()) };
-        RawPlan(plan)
+        Plan(plan)
     }
 
     /// Runs the statement; returns how many rows it processed, whose values (if it returns any)
     /// are in `SPI_tuptable` until the next statement.
     pub fn run(&self, args: &[pgrx::datum::DatumWithOid<'_>]) -> usize {
+        self.execute(args, false)
+    }
+
+    /// Runs the statement and returns its rows.
+    pub fn rows(&self, args: &[pgrx::datum::DatumWithOid<'_>]) -> Rows {
+        Rows::of_last(self.run(args))
+    }
+
+    /// Runs a statement that only reads on the calling statement's snapshot, as a `STABLE`
+    /// function must (SPI's read-only mode), and returns its rows.
+    pub fn read_rows(&self, args: &[pgrx::datum::DatumWithOid<'_>]) -> Rows {
+        Rows::of_last(self.execute(args, true))
+    }
+
+    fn execute(&self, args: &[pgrx::datum::DatumWithOid<'_>], read_only: bool) -> usize {
         let (mut values, nulls) = spi_args(args);
         // SAFETY: SPI is connected (the caller holds a client), the plan is kept, and the
         // values match its argument types.
@@ -275,14 +291,14 @@ impl RawPlan {
                 self.0.as_ptr(),
                 values.as_mut_ptr(),
                 nulls.as_ptr(),
-                false,
+                read_only,
                 0,
             )
         };
         processed(status)
     }
 
-    /// Runs the statement on the latest committed state (see [`RawPlan`]), like [`RawPlan::run`].
+    /// Runs the statement on the latest committed state (see [`Plan`]), like [`Plan::run`].
     pub fn run_latest(&self, args: &[pgrx::datum::DatumWithOid<'_>]) -> usize {
         let (mut values, nulls) = spi_args(args);
         // SAFETY: as in `run`. The latest snapshot is copied by SPI when pushed.
@@ -308,6 +324,42 @@ impl RawPlan {
     }
 }
 
+/// The rows a statement returned (or, for one without `RETURNING`, how many it wrote), read
+/// while SPI is still connected: they stay in SPI's memory until it disconnects.
+pub(crate) struct Rows {
+    table: *mut pg_sys::SPITupleTable,
+    len: usize,
+}
+
+impl Rows {
+    /// The result of the statement that just ran, which processed `len` rows.
+    fn of_last(len: usize) -> Rows {
+        // SAFETY: set by the execution that just returned (NULL for one that returns no rows).
+        let table = unsafe { pg_sys::SPI_tuptable };
+        Rows { table, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Column `column` (from 1) of row `row`; `None` for NULL, or where there is no such row.
+    pub fn get<T: FromDatum>(&self, row: usize, column: i32) -> Option<T> {
+        if self.table.is_null() || row >= self.len {
+            return None;
+        }
+        // SAFETY: the table holds `len` rows and is still in SPI's memory (see above); a
+        // column out of range reads as NULL.
+        unsafe {
+            let tuple = *(*self.table).vals.add(row);
+            let descriptor = (*self.table).tupdesc;
+            let mut is_null = false;
+            let datum = pg_sys::SPI_getbinval(tuple, descriptor, column, &mut is_null);
+            T::from_polymorphic_datum(datum, is_null, pg_sys::SPI_gettypeid(descriptor, column))
+        }
+    }
+}
+
 /// The rows an SPI execution processed, or `XX000` for an SPI error code.
 fn processed(status: i32) -> usize {
     if status < 0 {
@@ -317,36 +369,24 @@ fn processed(status: i32) -> usize {
     unsafe { pg_sys::SPI_processed as usize }
 }
 
-fn raw_plan(
-    client: &SpiClient<'_>,
-    oid: Oid,
-    op: Op,
-    build: fn(&QueueShape) -> Sql,
-    cursor_options: u32,
-) -> Rc<RawPlan> {
-    cached(
-        (oid, op),
-        |cache| &mut cache.raw,
-        || RawPlan::prepare(op, build(&queue(client, oid)), cursor_options),
-    )
-}
-
-/// The statement `op` for queue `oid`, kept to its generic plan (see [`RawPlan`]).
+/// The statement `op` for queue `oid`, kept to its generic plan (see [`Plan`]).
 pub(crate) fn generic_plan(
     client: &SpiClient<'_>,
     oid: Oid,
     op: Op,
     build: fn(&QueueShape) -> Sql,
-) -> Rc<RawPlan> {
-    raw_plan(client, oid, op, build, pg_sys::CURSOR_OPT_GENERIC_PLAN)
+) -> Rc<Plan> {
+    prepared(oid, op, pg_sys::CURSOR_OPT_GENERIC_PLAN, || {
+        build(&queue(client, oid))
+    })
 }
 
-/// The statement `op` for queue `oid`, to run with [`RawPlan::run_latest`].
+/// The statement `op` for queue `oid`, to run with [`Plan::run_latest`].
 pub(crate) fn latest_plan(
     client: &SpiClient<'_>,
     oid: Oid,
     op: Op,
     build: fn(&QueueShape) -> Sql,
-) -> Rc<RawPlan> {
-    raw_plan(client, oid, op, build, 0)
+) -> Rc<Plan> {
+    queue_plan(client, oid, op, build)
 }

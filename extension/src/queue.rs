@@ -190,16 +190,8 @@ fn enqueue(
             run_at.into(),
             timeout.into(),
         ];
-        client
-            .update(&*plan, None, &args)
-            .and_then(|rows| {
-                if rows.is_empty() {
-                    Ok(None)
-                } else {
-                    rows.first().get_one::<i64>()
-                }
-            })
-            .unwrap_or_else(|e| internal(e))
+        // No row when the key is queued already.
+        plan.rows(&args).get::<i64>(0, 1)
     });
     notify(queue);
     id
@@ -323,10 +315,9 @@ fn enqueue_batch(
             text_array(options.group_keys),
             timeout.into(),
         ];
-        let ids = client
-            .update(&*plan, None, &args)
-            .unwrap_or_else(|e| internal(e))
-            .map(|row| row.get::<i64>(1).ok().flatten().unwrap_or_default())
+        let rows = plan.rows(&args);
+        let ids = (0..rows.len())
+            .map(|row| rows.get::<i64>(row, 1).unwrap_or_default())
             .collect::<Vec<i64>>();
         // The batch's jobs of a group were inserted waiting: each group without a head gets one.
         if options.group_keys.is_some() {
@@ -625,13 +616,11 @@ fn settle(
             more.iter()
                 .map(|arg| unsafe { DatumWithOid::new_from_datum(arg.datum(), arg.oid()) }),
         );
-        let rows = client
-            .update(&*plan, None, &args)
-            .unwrap_or_else(|e| internal(e));
+        let rows = plan.rows(&args);
         let applied = rows.len() == 1;
         // A head that is done or dead hands its group on to the next job.
         let group = if applied && op != Op::Extend {
-            rows.first().get::<String>(1).ok().flatten()
+            rows.get::<String>(0, 1)
         } else {
             None
         };
@@ -794,17 +783,14 @@ fn inbox_stats(
     let queue = required(queue, "queue").0;
     let row = Spi::connect(|client| {
         let plan = plans::queue_plan(client, queue, Op::Stats, statements::stats);
-        let row = client
-            .select(&*plan, None, &[clock_now()])
-            .unwrap_or_else(|e| internal(e))
-            .first();
-        let count = |column| row.get::<i64>(column).ok().flatten().unwrap_or(0);
+        let rows = plan.read_rows(&[clock_now()]);
+        let count = |column| rows.get::<i64>(0, column).unwrap_or(0);
         (
             count(1),
             count(2),
             count(3),
             count(4),
-            row.get::<Interval>(5).ok().flatten(),
+            rows.get::<Interval>(0, 5),
             crate::controls::paused(client, queue),
         )
     });

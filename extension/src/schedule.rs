@@ -23,13 +23,13 @@ use croner::Cron;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
-use pgrx::spi::{OwnedPreparedStatement, SpiClient};
-use pgrx::PgOid;
+use pgrx::spi::SpiClient;
 
 use crate::datum::{spi_result_datum, Jsonb, RegClass};
 use crate::error::*;
-use crate::plans;
+use crate::plans::{self, Op, Plan};
 use crate::shape::{Payload, QueueShape};
+use crate::statements::Sql;
 
 // The table of schedules, in the extension's schema: the DDL the SQL-only build shares.
 extension_sql_file!("../../sql/shared/periodic_jobs.sql", name = "periodic_jobs");
@@ -204,11 +204,11 @@ fn clock_now() -> i64 {
 /// The statements of the hook, prepared once per backend against the schedule table.
 struct Prepared {
     /// `$1` queue, `$2` now: the queue's due schedules, locked.
-    due: OwnedPreparedStatement,
-    /// `$1` queue, `$2` name, `$3` next tick.
-    advance: OwnedPreparedStatement,
+    due: Plan,
+    /// `$1` queue, `$2` name, `$3` next tick, `$4` the tick that fired (NULL: none).
+    advance: Plan,
     /// The queues that have schedules.
-    scheduled: OwnedPreparedStatement,
+    scheduled: Plan,
 }
 
 thread_local! {
@@ -250,15 +250,13 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
         return prepared;
     }
     let (table, oid) = crate::names::extension_table(client, TABLE);
-    let prepare = |sql: String, args: &[Oid]| {
-        let args: Vec<PgOid> = args.iter().map(|&oid| PgOid::from(oid)).collect();
-        client
-            .prepare_mut(sql.as_str(), &args)
-            .unwrap_or_else(|e| internal(e))
-            .keep()
+    let prepare = |what: &str, text: String, args: &[Oid]| {
+        let args = args.to_vec();
+        Plan::prepare(what, Sql { text, args }, 0)
     };
     let prepared = Rc::new(Prepared {
         due: prepare(
+            "due schedules",
             format!(
                 "SELECT name, cron, time_zone, payload, next_tick FROM {table} \
                   WHERE queue OPERATOR(pg_catalog.=) $1 AND next_tick OPERATOR(pg_catalog.<=) $2 \
@@ -267,6 +265,7 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
             &[pg_sys::REGCLASSOID, pg_sys::TIMESTAMPTZOID],
         ),
         advance: prepare(
+            "schedule advance",
             format!(
                 "UPDATE {table} SET next_tick = $3, last_tick = COALESCE($4, last_tick) \
                   WHERE queue OPERATOR(pg_catalog.=) $1 AND name OPERATOR(pg_catalog.=) $2"
@@ -279,6 +278,7 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
             ],
         ),
         scheduled: prepare(
+            "scheduled queues",
             format!("SELECT DISTINCT queue::pg_catalog.oid FROM {table}"),
             &[],
         ),
@@ -294,7 +294,7 @@ fn prepared(client: &SpiClient<'_>) -> Rc<Prepared> {
 /// dropped by the table's relcache invalidation, which every change that can add a schedule to a
 /// queue sends when it commits (see [`inbox_periodic_jobs_changed`]); an older snapshot
 /// (`REPEATABLE READ`) may not see a schedule, so it neither reads nor trusts the copy.
-fn may_have_schedules(client: &SpiClient<'_>, prepared: &Prepared, queue: Oid) -> bool {
+fn may_have_schedules(prepared: &Prepared, queue: Oid) -> bool {
     // SAFETY: reads the transaction's isolation level and the current user.
     let (isolation, user) = unsafe { (pg_sys::XactIsoLevel, pg_sys::GetUserId()) };
     if isolation >= pg_sys::XACT_REPEATABLE_READ as i32 {
@@ -310,10 +310,9 @@ fn may_have_schedules(client: &SpiClient<'_>, prepared: &Prepared, queue: Oid) -
     if let Some(known) = known {
         return known;
     }
-    let queues: HashSet<Oid> = client
-        .select(&prepared.scheduled, None, &[])
-        .unwrap_or_else(|e| internal(e))
-        .filter_map(|row| row.get::<Oid>(1).ok().flatten())
+    let rows = prepared.scheduled.read_rows(&[]);
+    let queues: HashSet<Oid> = (0..rows.len())
+        .filter_map(|row| rows.get::<Oid>(row, 1))
         .collect();
     let has = queues.contains(&queue);
     SCHEDULED.with(|scheduled| *scheduled.borrow_mut() = Some((user, queues)));
@@ -322,12 +321,15 @@ fn may_have_schedules(client: &SpiClient<'_>, prepared: &Prepared, queue: Oid) -
 
 /// The job of one tick: `$1` payload, `$2` due time (the tick), `$3` key. A tick whose job is
 /// still queued inserts nothing.
-fn tick_insert(queue: &QueueShape) -> String {
-    format!(
-        "INSERT INTO {} (payload, locked_until, key) VALUES ($1, $2, $3) \
-         ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING",
-        queue.table
-    )
+fn tick_insert(queue: &QueueShape) -> Sql {
+    Sql {
+        text: format!(
+            "INSERT INTO {} (payload, locked_until, key) VALUES ($1, $2, $3) \
+             ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING",
+            queue.table
+        ),
+        args: vec![pg_sys::JSONBOID, pg_sys::TIMESTAMPTZOID, pg_sys::TEXTOID],
+    }
 }
 
 /// A due schedule, read from its locked row.
@@ -344,47 +346,31 @@ struct Due {
 /// the same call.
 pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
     let prepared = prepared(client);
-    if !may_have_schedules(client, &prepared, queue) {
+    if !may_have_schedules(&prepared, queue) {
         return;
     }
     let now = clock_now();
-    let rows = client
-        .update(
-            &prepared.due,
-            None,
-            &[RegClass(queue).into(), timestamptz(now)],
-        )
-        .unwrap_or_else(|e| internal(e));
-    if rows.is_empty() {
+    let rows = prepared
+        .due
+        .rows(&[RegClass(queue).into(), timestamptz(now)]);
+    if rows.len() == 0 {
         return;
     }
-    let due: Vec<Due> = rows
-        .enumerate()
-        .map(|(n, row)| Due {
-            name: row.get(1).ok().flatten().unwrap_or_default(),
-            cron: row.get(2).ok().flatten().unwrap_or_default(),
-            time_zone: row.get(3).ok().flatten().unwrap_or_default(),
+    let due: Vec<Due> = (0..rows.len())
+        .map(|n| Due {
+            name: rows.get(n, 1).unwrap_or_default(),
+            cron: rows.get(n, 2).unwrap_or_default(),
+            time_zone: rows.get(n, 3).unwrap_or_default(),
             // SAFETY: the last SPI result is this one, with the payload in column 4 (NOT NULL);
             // the copy lives in the caller's memory context, beyond the next statement.
             payload: unsafe { spi_result_datum(n, 4) }.unwrap_or(pg_sys::Datum::from(0)),
-            next_tick: row
-                .get::<TimestampWithTimeZone>(5)
-                .ok()
-                .flatten()
+            next_tick: rows
+                .get::<TimestampWithTimeZone>(n, 5)
                 .map_or(now, |tick| tick.into_inner()),
         })
         .collect();
     let shape = plans::queue(client, queue);
-    let insert = client
-        .prepare_mut(
-            tick_insert(&shape).as_str(),
-            &[
-                PgOid::from(pg_sys::JSONBOID),
-                PgOid::from(pg_sys::TIMESTAMPTZOID),
-                PgOid::from(pg_sys::TEXTOID),
-            ],
-        )
-        .unwrap_or_else(|e| internal(e));
+    let insert = plans::queue_plan(client, queue, Op::TickInsert, tick_insert);
     for schedule in due {
         let (next, fired) =
             match Timetable::parse(&schedule.cron, &schedule.time_zone).and_then(|timetable| {
@@ -393,17 +379,11 @@ pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
                 Ok((tick, next)) => {
                     // SAFETY: `payload` is a jsonb datum copied out of the schedule's row.
                     let payload = unsafe { DatumWithOid::new(schedule.payload, pg_sys::JSONBOID) };
-                    client
-                        .update(
-                            &insert,
-                            None,
-                            &[
-                                payload,
-                                timestamptz(to_postgres(tick)),
-                                tick_key(&schedule.name, tick).as_str().into(),
-                            ],
-                        )
-                        .unwrap_or_else(|e| internal(e));
+                    insert.run(&[
+                        payload,
+                        timestamptz(to_postgres(tick)),
+                        tick_key(&schedule.name, tick).as_str().into(),
+                    ]);
                     (to_postgres(next), timestamptz(to_postgres(tick)))
                 }
                 // Only a schedule stored by another version of the cron or time zone rules gets
@@ -417,18 +397,12 @@ pub(crate) fn enqueue_due_ticks(client: &mut SpiClient<'_>, queue: Oid) {
                     (INFINITY, DatumWithOid::null_oid(pg_sys::TIMESTAMPTZOID))
                 }
             };
-        client
-            .update(
-                &prepared.advance,
-                None,
-                &[
-                    RegClass(queue).into(),
-                    schedule.name.as_str().into(),
-                    timestamptz(next),
-                    fired,
-                ],
-            )
-            .unwrap_or_else(|e| internal(e));
+        prepared.advance.run(&[
+            RegClass(queue).into(),
+            schedule.name.as_str().into(),
+            timestamptz(next),
+            fired,
+        ]);
     }
 }
 
