@@ -661,6 +661,31 @@ CREATE POLICY inbox_queue_controls_remove ON inbox_queue_controls FOR DELETE
     USING (pg_catalog.has_table_privilege(queue, 'UPDATE')
            OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
+-- The name of a session-level prepared statement of `statement` (its parameters of `types`),
+-- prepared on first use: a statement built per call is planned once per session, as the pgrx
+-- build's kept plans are per backend and table (a table's DDL makes PostgreSQL plan it again; a
+-- change of its columns changes the statement, hence its name). Run it with
+-- EXECUTE pg_catalog.format('EXECUTE %I(%L, ...)', name, ...), a regclass argument passed as its
+-- oid, which reads back whatever the search_path. Whether it is prepared is read from
+-- pg_prepared_statements on every call (about 10 us), so that a session's DEALLOCATE ALL or
+-- DISCARD ALL (a pooler's reset), or a rolled-back first use, costs one PREPARE, never an error.
+CREATE OR REPLACE FUNCTION inbox__prepared(statement pg_catalog.text, types pg_catalog.text)
+RETURNS pg_catalog.text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    statement_name pg_catalog.text := 'inbox_' OPERATOR(pg_catalog.||)
+        pg_catalog.md5(types OPERATOR(pg_catalog.||) ';' OPERATOR(pg_catalog.||) statement);
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements p
+                    WHERE p.name OPERATOR(pg_catalog.=) statement_name) THEN
+        EXECUTE pg_catalog.format('PREPARE %I (%s) AS %s', statement_name, types, statement);
+    END IF;
+    RETURN statement_name;
+END
+$$;
+COMMENT ON FUNCTION inbox__prepared(pg_catalog.text, pg_catalog.text) IS
+    'The name of a statement prepared for the session, prepared on first use.';
+
 -- Raises 22004 for NULL, 42703 unless `queue` has the columns every queue has (a lease's).
 CREATE OR REPLACE FUNCTION inbox__check_queue(queue pg_catalog.regclass) RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
@@ -1239,17 +1264,32 @@ CREATE OR REPLACE FUNCTION inbox__still_free(queue pg_catalog.regclass, kind "ch
                                              at pg_catalog.timestamptz)
 RETURNS TABLE(key pg_catalog.text, slot pg_catalog.int4)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    free_keys pg_catalog.text[];
+    free_slots pg_catalog.int4[];
 BEGIN
     IF slots IS NULL THEN
         RETURN;
     END IF;
-    RETURN QUERY EXECUTE pg_catalog.format(
-        'SELECT l.key, l.slot FROM ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($2)) AS l(key, slot) '
-        '  JOIN inbox_queue_slots s ON s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = $5 '
-        '   AND s.key OPERATOR(pg_catalog.=) COALESCE(l.key, '''') AND s.slot OPERATOR(pg_catalog.=) l.slot '
-        ' WHERE NOT %s',
-        inbox__slot_busy(queue, 's'))
-      USING queue, slots, at, keys, kind;
+    -- In one row: a prepared statement runs through EXECUTE ... INTO, which reads one. Each
+    -- slot is found by its primary key (OFFSET 0 keeps the arrays outside), whatever the
+    -- statistics say: joined to the arrays, a plan for a table without them read every slot.
+    EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L)',
+            inbox__prepared(pg_catalog.format(
+                'SELECT pg_catalog.array_agg(s.key), pg_catalog.array_agg(s.slot) '
+                '  FROM ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($2)) AS l(key, slot), '
+                '       LATERAL (SELECT s.key, s.slot, s.job, s.token FROM inbox_queue_slots s '
+                '                 WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = $5 '
+                '                   AND s.key OPERATOR(pg_catalog.=) COALESCE(l.key, '''') '
+                '                   AND s.slot OPERATOR(pg_catalog.=) l.slot OFFSET 0) AS s '
+                ' WHERE NOT %s',
+                inbox__slot_busy(queue, 's')),
+                'pg_catalog.regclass, pg_catalog.int4[], pg_catalog.timestamptz, pg_catalog.text[], '
+                'pg_catalog."char"'),
+            queue::pg_catalog.oid, slots, at, keys, kind)
+      INTO free_keys, free_slots;
+    RETURN QUERY SELECT f.key, f.slot
+                   FROM ROWS FROM (pg_catalog.unnest(free_keys), pg_catalog.unnest(free_slots)) AS f(key, slot);
 END
 $$;
 
@@ -1301,7 +1341,10 @@ DECLARE
     stamp pg_catalog.timestamptz;
     -- A limit per key: the keys' turns, the slots locked for them, the jobs chosen for those.
     sql record;
-    turn record;
+    turn_keys pg_catalog.text[];
+    turn_wants pg_catalog.int4[];
+    turn_key pg_catalog.text;
+    turn_want pg_catalog.int4;
     key_slots pg_catalog.int4[];
     picked pg_catalog.int4[];
     want pg_catalog.int4;
@@ -1323,8 +1366,12 @@ BEGIN
         running := '{}';
         FOR round IN 1..3 LOOP
             want := n OPERATOR(pg_catalog.-) pg_catalog.cardinality(running);
-            EXECUTE inbox__free_slots(queue) INTO picked
-              USING queue, limits.concurrency, at, want, running;
+            EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L)',
+                    inbox__prepared(inbox__free_slots(queue),
+                        'pg_catalog.regclass, pg_catalog.int4, pg_catalog.timestamptz, '
+                        'pg_catalog.int4, pg_catalog.int4[]'),
+                    queue::pg_catalog.oid, limits.concurrency, at, want, running)
+              INTO picked;
             EXIT WHEN picked IS NULL;
             running := running OPERATOR(pg_catalog.||) ARRAY(
                 SELECT f.slot FROM inbox__still_free(queue, 'c', NULL, picked, at) AS f);
@@ -1354,24 +1401,36 @@ BEGIN
         -- the slots of the first ones (they all see the same order), and this one goes on to
         -- the next keys rather than come back empty.
         -- A key wants its turns among the first n places, and one if it has none there.
-        FOR turn IN EXECUTE
-            'SELECT t.key, GREATEST(1, pg_catalog.count(*) FILTER (WHERE t.place OPERATOR(pg_catalog.<=) $6))::pg_catalog.int4 AS want '
-            '  FROM (' OPERATOR(pg_catalog.||) inbox__key_turns(queue, limits.per_key)
-                   OPERATOR(pg_catalog.||) ') AS t GROUP BY t.key ORDER BY pg_catalog.min(t.place)'
-            USING queue, at, at, limits.key_concurrency, n OPERATOR(pg_catalog.*) 4, n
-        LOOP
+        EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+                inbox__prepared(
+                    'SELECT pg_catalog.array_agg(t.key ORDER BY t.first), pg_catalog.array_agg(t.want ORDER BY t.first) '
+                    '  FROM (SELECT t.key, pg_catalog.min(t.place) AS first, '
+                    '               GREATEST(1, pg_catalog.count(*) FILTER (WHERE t.place OPERATOR(pg_catalog.<=) $6))::pg_catalog.int4 AS want '
+                    '          FROM (' OPERATOR(pg_catalog.||) inbox__key_turns(queue, limits.per_key)
+                           OPERATOR(pg_catalog.||) ') AS t GROUP BY t.key) AS t',
+                    'pg_catalog.regclass, pg_catalog.timestamptz, pg_catalog.timestamptz, pg_catalog.int4, '
+                    'pg_catalog.int4, pg_catalog.int4'),
+                queue::pg_catalog.oid, at, at, limits.key_concurrency, n OPERATOR(pg_catalog.*) 4, n)
+          INTO turn_keys, turn_wants;
+        FOR i IN 1..coalesce(pg_catalog.cardinality(turn_keys), 0) LOOP
+            turn_key := turn_keys[i];
+            turn_want := turn_wants[i];
             EXIT WHEN pg_catalog.cardinality(slot_numbers) OPERATOR(pg_catalog.>=) n;
-            EXECUTE pg_catalog.format(
-                'SELECT pg_catalog.array_agg(f.slot) FROM ( '
-                '  SELECT s.slot FROM inbox_queue_slots s '
-                '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) $2 '
-                '     AND s.slot OPERATOR(pg_catalog.<=) $4 AND NOT %s '
-                '   ORDER BY s.slot LIMIT $5 FOR UPDATE OF s SKIP LOCKED) AS f',
-                inbox__slot_busy(queue, 's'))
-              INTO key_slots USING queue, turn.key, at, limits.key_concurrency,
-                   LEAST(turn.want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers));
+            EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L)',
+                    inbox__prepared(pg_catalog.format(
+                        'SELECT pg_catalog.array_agg(f.slot) FROM ( '
+                        '  SELECT s.slot FROM inbox_queue_slots s '
+                        '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) $2 '
+                        '     AND s.slot OPERATOR(pg_catalog.<=) $4 AND NOT %s '
+                        '   ORDER BY s.slot LIMIT $5 FOR UPDATE OF s SKIP LOCKED) AS f',
+                        inbox__slot_busy(queue, 's')),
+                        'pg_catalog.regclass, pg_catalog.text, pg_catalog.timestamptz, pg_catalog.int4, '
+                        'pg_catalog.int4'),
+                    queue::pg_catalog.oid, turn_key, at, limits.key_concurrency,
+                    LEAST(turn_want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers)))
+              INTO key_slots;
             key_slots := coalesce(key_slots, '{}');
-            want := LEAST(turn.want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers))
+            want := LEAST(turn_want, n OPERATOR(pg_catalog.-) pg_catalog.cardinality(slot_numbers))
                     OPERATOR(pg_catalog.-) pg_catalog.cardinality(key_slots);
             -- A key gets its slots as it needs them: the numbers it lacks, free and this take's
             -- own until it commits. Two takes that make the same slot would wait on each other
@@ -1379,15 +1438,15 @@ BEGIN
             -- advisory lock makes none this time.
             IF want OPERATOR(pg_catalog.>) 0 AND pg_catalog.pg_try_advisory_xact_lock(
                    (queue::pg_catalog.oid::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32)
-                   OPERATOR(pg_catalog.|) (pg_catalog.hashtext(turn.key)::pg_catalog.int8
+                   OPERATOR(pg_catalog.|) (pg_catalog.hashtext(turn_key)::pg_catalog.int8
                                            OPERATOR(pg_catalog.&) 4294967295)) THEN
                 WITH made AS (
                     INSERT INTO inbox_queue_slots (queue, kind, key, slot)
-                    SELECT inbox__take_limited.queue, 'k', turn.key, g
+                    SELECT inbox__take_limited.queue, 'k', turn_key, g
                       FROM pg_catalog.generate_series(1, limits.key_concurrency) AS g
                      WHERE NOT EXISTS (SELECT FROM inbox_queue_slots e
                                         WHERE e.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue
-                                          AND e.kind = 'k' AND e.key OPERATOR(pg_catalog.=) turn.key
+                                          AND e.kind = 'k' AND e.key OPERATOR(pg_catalog.=) turn_key
                                           AND e.slot OPERATOR(pg_catalog.=) g)
                      LIMIT want
                         ON CONFLICT DO NOTHING
@@ -1396,7 +1455,7 @@ BEGIN
             END IF;
             IF pg_catalog.cardinality(key_slots) OPERATOR(pg_catalog.>) 0 THEN
                 slot_keys := slot_keys OPERATOR(pg_catalog.||)
-                             pg_catalog.array_fill(turn.key, ARRAY[pg_catalog.cardinality(key_slots)]);
+                             pg_catalog.array_fill(turn_key, ARRAY[pg_catalog.cardinality(key_slots)]);
                 slot_numbers := slot_numbers OPERATOR(pg_catalog.||) key_slots;
             END IF;
         END LOOP;
@@ -1408,13 +1467,16 @@ BEGIN
                   FROM pg_catalog.unnest(slot_keys) AS u(key) GROUP BY u.key) AS s;
         IF keys IS NOT NULL THEN
             -- Each key's first due jobs, as many as it has slots.
-            EXECUTE pg_catalog.format(
-                'SELECT pg_catalog.array_agg(c.id), pg_catalog.array_agg(w.key) '
-                '  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3)) AS w(key, want), '
-                '       LATERAL (SELECT id FROM %s WHERE %s OPERATOR(pg_catalog.=) w.key AND %s '
-                '                 ORDER BY %s LIMIT w.want FOR UPDATE SKIP LOCKED) AS c',
-                queue, sql.key, sql.due, sql.rank)
-              INTO chosen, chosen_keys USING keys, at, wants;
+            EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L)',
+                    inbox__prepared(pg_catalog.format(
+                        'SELECT pg_catalog.array_agg(c.id), pg_catalog.array_agg(w.key) '
+                        '  FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3)) AS w(key, want), '
+                        '       LATERAL (SELECT id FROM %s WHERE %s OPERATOR(pg_catalog.=) w.key AND %s '
+                        '                 ORDER BY %s LIMIT w.want FOR UPDATE SKIP LOCKED) AS c',
+                        queue, sql.key, sql.due, sql.rank),
+                        'pg_catalog.text[], pg_catalog.timestamptz, pg_catalog.int4[]'),
+                    keys, at, wants)
+              INTO chosen, chosen_keys;
         END IF;
         n := LEAST(n, coalesce(pg_catalog.cardinality(chosen), 0));
         -- Now and then the free slots last given more than 10 minutes ago go, so that keys seen
@@ -3582,23 +3644,8 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
      WHERE p.oid = 'inbox__install_schema()'::regprocedure
 $$;
 
--- The name of a session-level prepared statement of `statement` (its parameters of `types`),
--- prepared on first use: the statements a call runs are planned once per session and statement,
--- as the pgrx build's plans are kept per backend and table (a table's DDL makes PostgreSQL plan
--- them again; a change of its columns changes the statement, hence its name). Whether it is
--- prepared is read from pg_prepared_statements on every call (about 10 us), so that a session's
--- DEALLOCATE ALL or DISCARD ALL, or a rolled-back first use, costs one PREPARE, never an error.
-CREATE OR REPLACE FUNCTION inbox__prepared(statement text, types text) RETURNS text
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    statement_name text := 'inbox_' || md5(types || ';' || statement);
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_prepared_statements p WHERE p.name = statement_name) THEN
-        EXECUTE format('PREPARE %I (%s) AS %s', statement_name, types, statement);
-    END IF;
-    RETURN statement_name;
-END
-$$;
+-- inbox__prepared (a statement planned once per session) is shared with the pgrx build:
+-- sql/shared/controls.sql.
 
 -- ---- sql/sql-only/20-ledger.sql ----
 

@@ -59,6 +59,31 @@ CREATE POLICY inbox_queue_controls_remove ON inbox_queue_controls FOR DELETE
     USING (pg_catalog.has_table_privilege(queue, 'UPDATE')
            OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
+-- The name of a session-level prepared statement of `statement` (its parameters of `types`),
+-- prepared on first use: a statement built per call is planned once per session, as the pgrx
+-- build's kept plans are per backend and table (a table's DDL makes PostgreSQL plan it again; a
+-- change of its columns changes the statement, hence its name). Run it with
+-- EXECUTE pg_catalog.format('EXECUTE %I(%L, ...)', name, ...), a regclass argument passed as its
+-- oid, which reads back whatever the search_path. Whether it is prepared is read from
+-- pg_prepared_statements on every call (about 10 us), so that a session's DEALLOCATE ALL or
+-- DISCARD ALL (a pooler's reset), or a rolled-back first use, costs one PREPARE, never an error.
+CREATE OR REPLACE FUNCTION inbox__prepared(statement pg_catalog.text, types pg_catalog.text)
+RETURNS pg_catalog.text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    statement_name pg_catalog.text := 'inbox_' OPERATOR(pg_catalog.||)
+        pg_catalog.md5(types OPERATOR(pg_catalog.||) ';' OPERATOR(pg_catalog.||) statement);
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements p
+                    WHERE p.name OPERATOR(pg_catalog.=) statement_name) THEN
+        EXECUTE pg_catalog.format('PREPARE %I (%s) AS %s', statement_name, types, statement);
+    END IF;
+    RETURN statement_name;
+END
+$$;
+COMMENT ON FUNCTION inbox__prepared(pg_catalog.text, pg_catalog.text) IS
+    'The name of a statement prepared for the session, prepared on first use.';
+
 -- Raises 22004 for NULL, 42703 unless `queue` has the columns every queue has (a lease's).
 CREATE OR REPLACE FUNCTION inbox__check_queue(queue pg_catalog.regclass) RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$

@@ -274,20 +274,5 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
      WHERE p.oid = 'inbox__install_schema()'::regprocedure
 $$;
 
--- The name of a session-level prepared statement of `statement` (its parameters of `types`),
--- prepared on first use: the statements a call runs are planned once per session and statement,
--- as the pgrx build's plans are kept per backend and table (a table's DDL makes PostgreSQL plan
--- them again; a change of its columns changes the statement, hence its name). Whether it is
--- prepared is read from pg_prepared_statements on every call (about 10 us), so that a session's
--- DEALLOCATE ALL or DISCARD ALL, or a rolled-back first use, costs one PREPARE, never an error.
-CREATE OR REPLACE FUNCTION inbox__prepared(statement text, types text) RETURNS text
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    statement_name text := 'inbox_' || md5(types || ';' || statement);
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_prepared_statements p WHERE p.name = statement_name) THEN
-        EXECUTE format('PREPARE %I (%s) AS %s', statement_name, types, statement);
-    END IF;
-    RETURN statement_name;
-END
-$$;
+-- inbox__prepared (a statement planned once per session) is shared with the pgrx build:
+-- sql/shared/controls.sql.
