@@ -1160,7 +1160,8 @@ CREATE OR REPLACE FUNCTION inbox__still_free(queue pg_catalog.regclass, kind "ch
                                              keys pg_catalog.text[], slots pg_catalog.int4[],
                                              at pg_catalog.timestamptz)
 RETURNS TABLE(key pg_catalog.text, slot pg_catalog.int4)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     free_keys pg_catalog.text[];
     free_slots pg_catalog.int4[];
@@ -1220,7 +1221,8 @@ CREATE OR REPLACE FUNCTION inbox__take_limited(queue pg_catalog.regclass, max pg
                                                lease pg_catalog.interval)
 RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, token pg_catalog.int8,
               payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea, timeout pg_catalog.interval)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     limits record;
