@@ -1533,6 +1533,7 @@ CREATE OR REPLACE FUNCTION "inbox__release"(
 	"run_ats" timestamptz[] /* TimestamptzArray */
 ) RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'release_wrapper';
 

@@ -24,6 +24,7 @@ extension_sql_file!(
 /// (sql/sql-only/55-workflows.sql has the SQL-only build's) so that its statement is planned once
 /// per queue and session, where the PL/pgSQL version plans it at every ack.
 #[pg_extern(volatile, parallel_unsafe, name = "inbox__release")]
+#[search_path(pg_catalog, pg_temp)]
 fn release(queue: RegClass, ids: BigintArray, run_ats: TimestamptzArray) {
     // SAFETY: a catalog lookup by oid; '\0' when no relation has it.
     if unsafe { pg_sys::get_rel_relkind(queue.0) } == 0 {
