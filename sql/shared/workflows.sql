@@ -1,5 +1,7 @@
 -- Workflows: results, waiting, dependencies and batches (docs/guide.md, "Workflows";
--- docs/sql-api.md, "Workflows"), written once for both builds.
+-- docs/sql-api.md, "Workflows"), written once for both builds but for the release of dependants,
+-- which runs in every parent's ack (inbox__release: extension/src/workflows.rs in the pgrx build,
+-- sql/sql-only/55-workflows.sql in the SQL-only build).
 --
 -- None of it costs a queue's hot path anything. A queue takes part once one of its jobs is a
 -- parent or a batch member, or it keeps results: inbox__watch then gives it triggers, which run
@@ -15,8 +17,8 @@
 -- A dependant waits as a job of an ordered group waits for its turn: locked_until = 'infinity'
 -- with dead_at NULL, outside every take's index. inbox_blocked counts its parents still to
 -- succeed (a dependant of one parent, due at once, needs no count); the last parent's ack makes
--- it due. A parent that dies keeps its dependants blocked
--- for an operator: requeued, it releases them when it succeeds; they can also be cancelled.
+-- it due. A parent that dies keeps its dependants blocked for an operator: requeued, it releases
+-- them when it succeeds; they can also be cancelled.
 --
 -- References to the extension's own objects are written @extschema@.name (see outbox.sql).
 
