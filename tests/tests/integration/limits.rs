@@ -690,3 +690,66 @@ async fn a_lease_now_and_then_deletes_the_key_slots_idle_for_ten_minutes() {
         .collect();
     assert_eq!(left, ["busy", "new", "recent"]);
 }
+
+/// A limited lease prepares its statements for the session (`inbox__prepared`): after a
+/// pooler's reset (`DEALLOCATE ALL`, `DISCARD ALL`) it prepares them again and goes on, under a
+/// concurrency limit and a limit per key alike, and never hands out more than the limit.
+#[tokio::test]
+async fn a_limited_lease_goes_on_after_the_sessions_prepared_statements_are_dropped() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_create_queue('capped'), inbox_create_queue('keyed'); \
+             SELECT inbox_set_concurrency('capped', 1); \
+             SELECT inbox_set_concurrency('keyed', 1, per_key => 'customer')",
+        )
+        .await
+        .unwrap();
+    for reset in ["nothing", "DEALLOCATE ALL", "DISCARD ALL"] {
+        if reset != "nothing" {
+            client.batch_execute(reset).await.unwrap();
+        }
+        for queue in ["capped", "keyed"] {
+            client
+                .batch_execute(&format!(
+                    "SELECT inbox_enqueue('{queue}', '{{\"customer\": \"a\"}}'), \
+                            inbox_enqueue('{queue}', '{{\"customer\": \"a\"}}')"
+                ))
+                .await
+                .unwrap();
+            for round in 0..2 {
+                let leased = client
+                    .query(
+                        &format!("SELECT id, token FROM inbox_lease('{queue}', 10, '30 seconds')"),
+                        &[],
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{queue} after {reset}: {e}"));
+                assert_eq!(
+                    leased.len(),
+                    1,
+                    "{queue} after {reset}, round {round}: the limit of 1"
+                );
+                let (id, token): (i64, i64) = (leased[0].get(0), leased[0].get(1));
+                client
+                    .batch_execute(&format!("SELECT inbox_ack('{queue}', {id}, {token})"))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    // The statements were prepared again after the last reset.
+    let prepared: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'inbox\\_%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        prepared > 0,
+        "no statement of the limited leases is prepared"
+    );
+}

@@ -32,6 +32,18 @@ async fn one_i64(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
+/// Enqueues into `queue` a job that depends on job `parent` of the same queue; `more` adds
+/// arguments to the call.
+async fn dependant(client: &tokio_postgres::Client, queue: &str, parent: i64, more: &str) -> i64 {
+    one_i64(
+        client,
+        &format!(
+            "SELECT inbox_enqueue_after('{queue}', '{{}}', ARRAY[inbox_job('{queue}', {parent})]{more})"
+        ),
+    )
+    .await
+}
+
 /// Leases job `id` of `queue` (it must be the only one due) and acks it.
 async fn lease_and_ack(client: &tokio_postgres::Client, queue: &str, id: i64) {
     let row = client
@@ -133,17 +145,12 @@ async fn a_dependant_of_one_parent_runs_at_its_own_time() {
         .await
         .unwrap();
     let parent = one_i64(&client, "SELECT inbox_enqueue('jobs', '{}')").await;
-    let now = one_i64(
+    let now = dependant(&client, "jobs", parent, "").await;
+    let later = dependant(
         &client,
-        &format!("SELECT inbox_enqueue_after('jobs', '{{}}', ARRAY[inbox_job('jobs', {parent})])"),
-    )
-    .await;
-    let later = one_i64(
-        &client,
-        &format!(
-            "SELECT inbox_enqueue_after('jobs', '{{}}', ARRAY[inbox_job('jobs', {parent})], \
-                                        run_at => now() + interval '1 hour')"
-        ),
+        "jobs",
+        parent,
+        ", run_at => now() + interval '1 hour'",
     )
     .await;
     for id in [now, later] {
@@ -189,16 +196,8 @@ async fn a_dead_parent_keeps_its_dependants_blocked_until_it_is_requeued_and_suc
         .await
         .unwrap();
     let parent = one_i64(&client, "SELECT inbox_enqueue('jobs', '{}')").await;
-    let kept = one_i64(
-        &client,
-        &format!("SELECT inbox_enqueue_after('jobs', '{{}}', ARRAY[inbox_job('jobs', {parent})])"),
-    )
-    .await;
-    let cancelled = one_i64(
-        &client,
-        &format!("SELECT inbox_enqueue_after('jobs', '{{}}', ARRAY[inbox_job('jobs', {parent})])"),
-    )
-    .await;
+    let kept = dependant(&client, "jobs", parent, "").await;
+    let cancelled = dependant(&client, "jobs", parent, "").await;
     let row = client
         .query_one("SELECT id, token FROM inbox_lease('jobs', 10)", &[])
         .await
