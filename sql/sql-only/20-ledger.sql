@@ -33,9 +33,13 @@ $create$, quote_ident(inbox__install_schema()));
 END
 $install$;
 
-CREATE OR REPLACE FUNCTION inbox__claim(ledger regclass, key text, seen_at timestamptz) RETURNS bool
+-- On the job path: the statement is the session's (inbox__session_statement) once a call built it.
+CREATE OR REPLACE FUNCTION inbox_claim(ledger regclass, key text, seen_at timestamptz DEFAULT now())
+RETURNS bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
+    statement text;
+    table_sql text;
     claimed bigint;
 BEGIN
     IF ledger IS NULL THEN
@@ -44,31 +48,28 @@ BEGIN
     IF key IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'key must not be NULL';
     END IF;
-    PERFORM inbox__finite_time(seen_at, 'seen_at');
-    EXECUTE format('EXECUTE %I(%L, %L)',
-        inbox__prepared(format(
+    IF seen_at IS NULL OR NOT isfinite(seen_at) THEN
+        PERFORM inbox__finite_time(seen_at, 'seen_at');
+    END IF;
+    statement := inbox__session_statement(ledger, 'claim');
+    IF statement IS NULL THEN
+        table_sql := (inbox__ledger_shape(ledger)).table_sql;
+        statement := inbox__keep_statement(ledger, 'claim', table_sql, inbox__prepared(format(
             'WITH claimed AS (INSERT INTO %s (event_key, seen_at) VALUES ($1, $2) '
             '                 ON CONFLICT (event_key) DO NOTHING RETURNING 1) '
-            'SELECT count(*) FROM claimed', (inbox__ledger_shape(ledger)).table_sql), 'text, timestamptz'),
-        key, seen_at)
-      INTO claimed;
+            'SELECT count(*) FROM claimed', table_sql), 'text, timestamptz'));
+    END IF;
+    EXECUTE format('EXECUTE %I(%L, %L)', statement, key, seen_at) INTO claimed;
     RETURN claimed = 1;
 END
 $$;
-
-CREATE OR REPLACE FUNCTION inbox_claim(ledger regclass, key text, seen_at timestamptz DEFAULT now())
-RETURNS bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-BEGIN
-    RETURN inbox__claim(ledger, key, seen_at);
-END
-$$;
+DROP FUNCTION IF EXISTS inbox__claim(regclass, text, timestamptz);
 
 CREATE OR REPLACE FUNCTION inbox_claim_or_fail(ledger regclass, key text, seen_at timestamptz DEFAULT now())
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
-    IF NOT inbox__claim(ledger, key, seen_at) THEN
+    IF NOT inbox_claim(ledger, key, seen_at) THEN
         RAISE EXCEPTION USING ERRCODE = '23505', MESSAGE = 'the key is already claimed in this ledger';
     END IF;
 END

@@ -187,8 +187,12 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
-    locked_until timestamptz;
+    locked_until timestamptz := run_at;
     added record;
+    -- A job outside a group runs the session's statement (inbox__session_statement), one per
+    -- payload type, set of optional arguments checked against the shape, and key predicate.
+    op text;
+    statement text;
     id bigint;
 BEGIN
     IF payload IS NULL THEN
@@ -197,26 +201,41 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
-    PERFORM inbox__finite_time(run_at, 'run_at');
+    IF run_at IS NULL OR NOT isfinite(run_at) THEN
+        PERFORM inbox__finite_time(run_at, 'run_at');
+    END IF;
     IF priority IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'priority must not be NULL';
     END IF;
-    shape := inbox__check_enqueue(queue, kind, key IS NOT NULL, priority <> 0, group_key IS NOT NULL);
-    PERFORM inbox__check_timeout(shape, timeout);
-    -- A job of a group whose head is there (or that has jobs waiting) waits its turn.
-    locked_until := run_at;
-    IF group_key IS NOT NULL THEN
-        PERFORM inbox__group_lock(queue, ARRAY[group_key]);
-        IF inbox__group_busy(shape, group_key) THEN
-            locked_until := 'infinity';
-        END IF;
+    IF group_key IS NULL THEN
+        SELECT format('enqueue_%s_%s%s%s_%s', kind, (key IS NOT NULL)::int, (priority <> 0)::int,
+                      (timeout IS NOT NULL)::int, coalesce(c.unique_until, 'acked'))
+          INTO op FROM (SELECT) AS one LEFT JOIN inbox_queue_controls c ON c.queue = inbox__enqueue.queue;
+        statement := inbox__session_statement(queue, op);
     END IF;
-    added := inbox__enqueue_columns(shape, '$3', '$5', '$6', '$7');
+    IF statement IS NULL THEN
+        shape := inbox__check_enqueue(queue, kind, key IS NOT NULL, priority <> 0, group_key IS NOT NULL);
+        PERFORM inbox__check_timeout(shape, timeout);
+        -- A job of a group whose head is there (or that has jobs waiting) waits its turn.
+        IF group_key IS NOT NULL THEN
+            PERFORM inbox__group_lock(queue, ARRAY[group_key]);
+            IF inbox__group_busy(shape, group_key) THEN
+                locked_until := 'infinity';
+            END IF;
+        END IF;
+        added := inbox__enqueue_columns(shape, '$3', '$5', '$6', '$7');
+        statement := inbox__prepared(format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
+                                            shape.table_sql, added.columns, added."values",
+                                            inbox__on_key_conflict(queue, shape)),
+                                     kind || ', timestamptz, text, int4, text, timestamptz, interval');
+        IF op IS NOT NULL THEN
+            statement := inbox__keep_statement(queue, op, shape.table_sql, statement);
+        END IF;
+    ELSIF timeout IS NOT NULL THEN
+        PERFORM inbox__check_interval(timeout, 'timeout', false);
+    END IF;
     EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L, %L)',
-        inbox__prepared(format('INSERT INTO %s (payload, locked_until%s) VALUES ($1, $2%s)%s RETURNING id::int8',
-                               shape.table_sql, added.columns, added."values", inbox__on_key_conflict(queue, shape)),
-                        kind || ', timestamptz, text, int4, text, timestamptz, interval'),
-        payload, locked_until, key, priority, group_key, run_at, timeout)
+                   statement, payload, locked_until, key, priority, group_key, run_at, timeout)
       INTO id;
     PERFORM inbox__notify(queue);
     RETURN id;
@@ -361,15 +380,9 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
     control record;
-    rank text;
-    finite text := '';
-    picked text;
-    payloads text;
-    -- The deliveries that snoozed (inbox_snooze): a delivery reports its attempt less these,
-    -- while its token is the count, which only grows (statements.rs snoozes).
-    snoozes text;
-    -- The job's own bound on its handler, handed over with it (statements.rs timeout).
-    timeouts text;
+    -- The session's statement (inbox__session_statement), for the take of the queue's order.
+    op text := CASE WHEN lease IS NULL THEN 'lock' ELSE 'lease' END;
+    statement text;
 BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
@@ -380,8 +393,14 @@ BEGIN
     IF max < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
     END IF;
-    -- A paused queue hands out nothing (sql/shared/controls.sql); it is checked as a queue first.
-    shape := inbox__queue_shape(queue);
+    -- A paused queue hands out nothing (sql/shared/controls.sql); it is checked as a queue first
+    -- (a statement the session keeps was built from a queue's shape that has not changed since).
+    IF chose IS NULL THEN
+        statement := inbox__session_statement(queue, op);
+    END IF;
+    IF statement IS NULL THEN
+        shape := inbox__queue_shape(queue);
+    END IF;
     SELECT c.paused_at IS NOT NULL AS paused,
            c.concurrency IS NOT NULL OR c.rate_limit IS NOT NULL
                OR c.key_concurrency IS NOT NULL AS limited
@@ -393,6 +412,37 @@ BEGIN
         RETURN;
     END IF;
     PERFORM inbox__enqueue_due_ticks(queue);
+    IF statement IS NULL THEN
+        statement := inbox__take_statement(shape, lease IS NOT NULL, chose IS NOT NULL);
+        IF chose IS NULL THEN
+            statement := inbox__keep_statement(queue, op, shape.table_sql, statement);
+        END IF;
+    END IF;
+    IF lease IS NULL THEN
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)', statement, max, clock_timestamp(), chose);
+    ELSE
+        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L)', statement, max, clock_timestamp(), lease, chose);
+    END IF;
+END
+$$;
+
+-- The prepared statement of a take (inbox__take_jobs): a lease when `leases`, else a lock; of the
+-- jobs of `$4` (of a lock, `$3`) only when `chosen`.
+DROP FUNCTION IF EXISTS inbox__take_statement(regclass, inbox__queue_shape, bool, bool);
+CREATE OR REPLACE FUNCTION inbox__take_statement(shape inbox__queue_shape, leases bool, chosen bool)
+RETURNS text
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    rank text;
+    finite text := '';
+    picked text;
+    payloads text;
+    -- The deliveries that snoozed (inbox_snooze): a delivery reports its attempt less these,
+    -- while its token is the count, which only grows (statements.rs snoozes).
+    snoozes text;
+    -- The job's own bound on its handler, handed over with it (statements.rs timeout).
+    timeouts text;
+BEGIN
     -- Higher priorities first, as an int8 that cannot overflow; the index of inbox_create_queue
     -- is on (-priority, locked_until, id) WHERE locked_until < 'infinity'.
     IF shape.has_priority THEN
@@ -419,36 +469,32 @@ BEGIN
             rank, shape.table_sql, finite, snoozes, timeouts);
     END IF;
     -- The jobs inbox__take_limited chose, the statement's last parameter: those of them that are due.
-    IF chose IS NULL THEN
+    IF NOT chosen THEN
         picked := replace(picked, '@chosen@', '');
     ELSE
-        picked := replace(picked, '@chosen@', format(' AND id = ANY ($%s)', CASE WHEN lease IS NULL THEN 3 ELSE 4 END));
+        picked := replace(picked, '@chosen@', format(' AND id = ANY ($%s)', CASE WHEN leases THEN 4 ELSE 3 END));
     END IF;
-    IF lease IS NULL THEN
+    IF NOT leases THEN
         -- A lock's token is minus the attempt its settlement will count.
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L)',
-            inbox__prepared(format(
-                'SELECT id::int8, (attempt + 1 - snoozes)::int4, -((attempt + 1)::int8), %s, timeout '
-                '  FROM (%s) AS picked',
-                payloads, picked), 'int4, timestamptz, int8[]'),
-            max, clock_timestamp(), chose);
+        RETURN inbox__prepared(format(
+            'SELECT id::int8, (attempt + 1 - snoozes)::int4, -((attempt + 1)::int8), %s, timeout '
+            '  FROM (%s) AS picked',
+            payloads, picked), 'int4, timestamptz, int8[]');
     ELSE
         payloads := CASE WHEN shape.payload = 'jsonb' THEN 'taken.payload, NULL::bytea'
                          ELSE 'NULL::jsonb, taken.payload' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
-            inbox__prepared(format(
-                'WITH next AS MATERIALIZED (SELECT id, rank, due, snoozes, timeout FROM (%1$s) AS picked), taken AS ( '
-                '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
-                '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
-                '    RETURNING q.id, q.attempt, q.payload) '
-                'SELECT taken.id::int8, (taken.attempt - next.snoozes)::int4, taken.attempt::int8, %4$s, next.timeout '
-                '  FROM taken JOIN next ON next.id = taken.id '
-                ' ORDER BY next.rank, next.due%5$s, taken.id',
-                picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
-                payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END),
-                'int4, timestamptz, interval, int8[]'),
-            max, clock_timestamp(), lease, chose);
+        RETURN inbox__prepared(format(
+            'WITH next AS MATERIALIZED (SELECT id, rank, due, snoozes, timeout FROM (%1$s) AS picked), taken AS ( '
+            '    UPDATE %2$s AS q SET attempt = q.attempt + 1, locked_until = $2 + $3%3$s '
+            '     WHERE q.id = ANY (ARRAY(SELECT id FROM next)) '
+            '    RETURNING q.id, q.attempt, q.payload) '
+            'SELECT taken.id::int8, (taken.attempt - next.snoozes)::int4, taken.attempt::int8, %4$s, next.timeout '
+            '  FROM taken JOIN next ON next.id = taken.id '
+            ' ORDER BY next.rank, next.due%5$s, taken.id',
+            picked, shape.table_sql, CASE WHEN shape.has_leased_at THEN ', leased_at = $2' ELSE '' END,
+            payloads, CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END),
+            'int4, timestamptz, interval, int8[]');
     END IF;
 END
 $$;
@@ -536,22 +582,23 @@ $$;
 CREATE OR REPLACE FUNCTION inbox_ack(queue regclass, id bigint, token bigint) RETURNS bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
+    statement text;
     shape inbox__queue_shape;
     group_key text;
     applied bigint;
 BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
-    shape := inbox__queue_shape(queue);
-    EXECUTE format('EXECUTE %I(%L, %L)',
-        inbox__prepared(format('WITH settled AS (DELETE FROM %s WHERE %s%s) '
-                               'SELECT count(*), max(g) FROM settled AS s(g)',
-                               shape.table_sql, inbox__fence_predicate(), inbox__settled_group(shape, 'true')),
-                        'int8, int8'),
-        id, token)
-      INTO applied, group_key;
+    statement := inbox__session_statement(queue, 'ack');
+    IF statement IS NULL THEN
+        shape := inbox__queue_shape(queue);
+        statement := inbox__keep_statement(queue, 'ack', shape.table_sql, inbox__prepared(format(
+            'WITH settled AS (DELETE FROM %s WHERE %s%s) SELECT count(*), max(g) FROM settled AS s(g)',
+            shape.table_sql, inbox__fence_predicate(), inbox__settled_group(shape, 'true')), 'int8, int8'));
+    END IF;
+    EXECUTE format('EXECUTE %I(%L, %L)', statement, id, token) INTO applied, group_key;
     -- A head that is done hands its group on to the next job.
     IF applied = 1 AND group_key IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
+        PERFORM inbox__groups_settled(queue, coalesce(shape, inbox__queue_shape(queue)), ARRAY[group_key]);
     END IF;
     RETURN applied = 1;
 END
@@ -562,23 +609,25 @@ $$;
 CREATE OR REPLACE FUNCTION inbox__ack_batch(queue regclass, ids bigint[], tokens bigint[]) RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
+    statement text;
     shape inbox__queue_shape;
     acked bigint;
     groups text[];
 BEGIN
     PERFORM inbox__same_length(ids, tokens);
-    shape := inbox__queue_shape(queue);
-    EXECUTE format('EXECUTE %I(%L, %L)',
-        inbox__prepared(format(
+    statement := inbox__session_statement(queue, 'ack_batch');
+    IF statement IS NULL THEN
+        shape := inbox__queue_shape(queue);
+        statement := inbox__keep_statement(queue, 'ack_batch', shape.table_sql, inbox__prepared(format(
             'WITH acked AS (DELETE FROM %s AS q USING unnest($1::int8[], $2::int8[]) AS s(id, token) '
             '  WHERE q.id = s.id AND q.attempt = CASE WHEN s.token < 0 THEN -s.token - 1 ELSE s.token END '
             '    AND q.locked_until IS DISTINCT FROM ''infinity''%s) '
             'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM acked AS a(g)',
-            shape.table_sql, inbox__settled_group(shape, 'true')), 'int8[], int8[]'),
-        ids, tokens)
-      INTO acked, groups;
+            shape.table_sql, inbox__settled_group(shape, 'true')), 'int8[], int8[]'));
+    END IF;
+    EXECUTE format('EXECUTE %I(%L, %L)', statement, ids, tokens) INTO acked, groups;
     IF groups IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, shape, groups);
+        PERFORM inbox__groups_settled(queue, coalesce(shape, inbox__queue_shape(queue)), groups);
     END IF;
     RETURN acked;
 END

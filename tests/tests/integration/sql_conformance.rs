@@ -317,6 +317,93 @@ async fn calls_follow_the_table_through_ddl() {
     .await;
 }
 
+/// A session that used a queue goes on with the table as it is after each change (the SQL-only
+/// build keeps its statements per session and must notice): a rename and a new table of the old
+/// name, a column dropped and added again (priorities), a column dropped (keys).
+#[tokio::test]
+async fn a_sessions_queue_calls_follow_the_table_through_ddl() {
+    let (_db, client) = setup().await;
+    let round = |queue: &'static str| {
+        let client = &client;
+        async move {
+            let id: i64 = one(client, &format!("SELECT inbox_enqueue('{queue}', '{{}}')")).await;
+            let (leased, token): (i64, i64) = {
+                let row = client
+                    .query_one(
+                        &format!("SELECT id, token FROM inbox_lease('{queue}')"),
+                        &[],
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("lease of {queue}: {e}"));
+                (row.get(0), row.get(1))
+            };
+            assert_eq!(leased, id, "{queue}");
+            assert!(
+                one::<bool>(
+                    client,
+                    &format!("SELECT inbox_ack('{queue}', {id}, {token})")
+                )
+                .await
+            );
+            id
+        }
+    };
+    round("jobs").await;
+    run(&client, "ALTER TABLE jobs RENAME TO jobs_before").await;
+    run(&client, "SELECT inbox_create_queue('jobs')").await;
+    run(
+        &client,
+        "SELECT inbox_enqueue('jobs_before', '{\"at\": \"before\"}')",
+    )
+    .await;
+    run(&client, "SELECT inbox_enqueue('jobs', '{\"at\": \"new\"}')").await;
+    assert_eq!(count(&client, "SELECT count(*) FROM jobs_before").await, 1);
+    assert_eq!(count(&client, "SELECT count(*) FROM jobs").await, 1);
+    let payload: serde_json::Value = one(&client, "SELECT payload FROM inbox_lease('jobs')").await;
+    assert_eq!(payload, serde_json::json!({"at": "new"}));
+    let payload: serde_json::Value =
+        one(&client, "SELECT payload FROM inbox_lease('jobs_before')").await;
+    assert_eq!(payload, serde_json::json!({"at": "before"}));
+
+    // A column dropped (enqueues with a priority are refused from then on), then added again
+    // (priorities are taken in their order).
+    run(&client, "ALTER TABLE jobs_before DROP COLUMN priority").await;
+    round("jobs_before").await;
+    assert_sqlstate(
+        &client,
+        "SELECT inbox_enqueue('jobs_before', '{}', priority => 5)",
+        SqlState::UNDEFINED_COLUMN,
+    )
+    .await;
+    run(
+        &client,
+        "ALTER TABLE jobs_before ADD COLUMN priority int NOT NULL DEFAULT 0",
+    )
+    .await;
+    let low: i64 = one(
+        &client,
+        "SELECT inbox_enqueue('jobs_before', '{}', priority => 1)",
+    )
+    .await;
+    let high: i64 = one(
+        &client,
+        "SELECT inbox_enqueue('jobs_before', '{}', priority => 9)",
+    )
+    .await;
+    let first: i64 = one(&client, "SELECT id FROM inbox_lease('jobs_before')").await;
+    assert_eq!(first, high, "the higher priority first (then {low})");
+
+    // A column dropped: enqueues without a key go on; one with a key is refused.
+    run(&client, "ALTER TABLE jobs DROP COLUMN key").await;
+    round("jobs").await;
+    assert_sqlstate(
+        &client,
+        "SELECT inbox_enqueue('jobs', '{}', key => 'k')",
+        SqlState::UNDEFINED_COLUMN,
+    )
+    .await;
+}
+
 // ---- Arguments ----
 
 #[tokio::test]
