@@ -4236,6 +4236,8 @@ DECLARE
     count int;
     given int;
     added record;
+    op text;
+    statement text;
     ids bigint[];
 BEGIN
     IF payloads IS NULL THEN
@@ -4264,16 +4266,23 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = '2202E', MESSAGE = format('%s group_keys given for %s payloads', given, count);
         END IF;
     END IF;
-    shape := inbox__check_enqueue(queue, kind, keys IS NOT NULL, priority <> 0, group_keys IS NOT NULL);
-    PERFORM inbox__check_timeout(shape, timeout);
-    IF group_keys IS NOT NULL THEN
-        PERFORM inbox__group_lock(queue, group_keys);
+    -- Without groups, the session's statement (as inbox__enqueue's).
+    IF group_keys IS NULL THEN
+        SELECT format('enqueue_batch_%s_%s%s%s_%s', kind, (keys IS NOT NULL)::int, (priority <> 0)::int,
+                      (timeout IS NOT NULL)::int, coalesce(c.unique_until, 'acked'))
+          INTO op FROM (SELECT) AS one LEFT JOIN inbox_queue_controls c ON c.queue = inbox__enqueue_batch.queue;
+        statement := inbox__session_statement(queue, op);
     END IF;
-    -- A job with a group is inserted waiting, then each group without a head gets one, so that a
-    -- key skipped as already queued never leaves a group without its head.
-    added := inbox__enqueue_columns(shape, 'u.key', 'u.group_key', '$2', '$6');
-    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
-        inbox__prepared(format(
+    IF statement IS NULL THEN
+        shape := inbox__check_enqueue(queue, kind, keys IS NOT NULL, priority <> 0, group_keys IS NOT NULL);
+        PERFORM inbox__check_timeout(shape, timeout);
+        IF group_keys IS NOT NULL THEN
+            PERFORM inbox__group_lock(queue, group_keys);
+        END IF;
+        -- A job with a group is inserted waiting, then each group without a head gets one, so
+        -- that a key skipped as already queued never leaves a group without its head.
+        added := inbox__enqueue_columns(shape, 'u.key', 'u.group_key', '$2', '$6');
+        statement := inbox__prepared(format(
             'WITH inserted AS (INSERT INTO %s (payload, locked_until%s) '
             '  SELECT u.payload, %s%s '
             '    FROM unnest($1, $3, $5) WITH ORDINALITY AS u(payload, key, group_key, n) '
@@ -4282,8 +4291,15 @@ BEGIN
             shape.table_sql, added.columns,
             CASE WHEN shape.groups THEN 'CASE WHEN u.group_key IS NULL THEN $2 ELSE ''infinity'' END' ELSE '$2' END,
             added."values", inbox__on_key_conflict(queue, shape)),
-            kind || '[], timestamptz, text[], int4, text[], interval'),
-        payloads, run_at, keys, priority, group_keys, timeout)
+            kind || '[], timestamptz, text[], int4, text[], interval');
+        IF op IS NOT NULL THEN
+            statement := inbox__keep_statement(queue, op, shape.table_sql, statement);
+        END IF;
+    ELSIF timeout IS NOT NULL THEN
+        PERFORM inbox__check_interval(timeout, 'timeout', false);
+    END IF;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+                   statement, payloads, run_at, keys, priority, group_keys, timeout)
       INTO ids;
     IF group_keys IS NOT NULL THEN
         PERFORM inbox__promote(shape, group_keys);
@@ -4622,6 +4638,7 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
     dies text;
+    statement text;
     group_key text;
     applied bigint;
     now timestamptz;
@@ -4631,15 +4648,15 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max_attempts must be at least 1';
     END IF;
     PERFORM inbox__check_settlement(queue, id, token);
-    shape := inbox__queue_shape(queue);
-    now := clock_timestamp();
-    -- Snoozed deliveries do not count (statements.rs retry). The caller adds the delay: Citus
-    -- routes no CASE with a function that is not immutable, as timestamptz + interval is.
-    dies := format('attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END - %s >= $5',
-                   CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END);
-    -- A job retried keeps its place as its group's head; one dead-lettered hands it on.
-    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
-        inbox__prepared(format(
+    statement := inbox__session_statement(queue, 'retry');
+    IF statement IS NULL THEN
+        shape := inbox__queue_shape(queue);
+        -- Snoozed deliveries do not count (statements.rs retry). The caller adds the delay: Citus
+        -- routes no CASE with a function that is not immutable, as timestamptz + interval is.
+        dies := format('attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END - %s >= $5',
+                       CASE WHEN shape.has_snoozes THEN 'COALESCE(snoozes, 0)' ELSE '0' END);
+        -- A job retried keeps its place as its group's head; one dead-lettered hands it on.
+        statement := inbox__keep_statement(queue, 'retry', shape.table_sql, inbox__prepared(format(
             'WITH settled AS ( '
             '  UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
             '                locked_until = CASE WHEN %s THEN ''infinity''::timestamptz ELSE $4 END%s '
@@ -4647,11 +4664,14 @@ BEGIN
             'SELECT count(*), max(g) FROM settled AS s(g)',
             shape.table_sql, dies, inbox__release_columns(shape, '$6', dies, '$3'),
             inbox__fence_predicate(), inbox__settled_group(shape, 'locked_until = ''infinity''')),
-            'int8, int8, timestamptz, timestamptz, int4, text'),
-        id, token, now, now + delay, max_attempts, error)
+            'int8, int8, timestamptz, timestamptz, int4, text'));
+    END IF;
+    now := clock_timestamp();
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L, %L, %L)',
+                   statement, id, token, now, now + delay, max_attempts, error)
       INTO applied, group_key;
     IF applied = 1 AND group_key IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
+        PERFORM inbox__groups_settled(queue, coalesce(shape, inbox__queue_shape(queue)), ARRAY[group_key]);
     END IF;
     RETURN applied = 1;
 END
@@ -4662,25 +4682,28 @@ RETURNS bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
+    statement text;
     group_key text;
     applied bigint;
 BEGIN
     PERFORM inbox__check_settlement(queue, id, token);
-    shape := inbox__queue_shape(queue);
-    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
-        inbox__prepared(format(
+    statement := inbox__session_statement(queue, 'dead');
+    IF statement IS NULL THEN
+        shape := inbox__queue_shape(queue);
+        statement := inbox__keep_statement(queue, 'dead', shape.table_sql, inbox__prepared(format(
             'WITH settled AS ( '
             '  UPDATE %s SET attempt = attempt + CASE WHEN $2 < 0 THEN 1 ELSE 0 END, '
             '                locked_until = ''infinity''%s WHERE %s%s) '
             'SELECT count(*), max(g) FROM settled AS s(g)',
             shape.table_sql, inbox__release_columns(shape, '$3', 'true', '$4'),
             inbox__fence_predicate(), inbox__settled_group(shape, 'true')),
-            'int8, int8, text, timestamptz'),
-        id, token, reason, clock_timestamp())
+            'int8, int8, text, timestamptz'));
+    END IF;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)', statement, id, token, reason, clock_timestamp())
       INTO applied, group_key;
     -- A dead head no longer blocks its group.
     IF applied = 1 AND group_key IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, shape, ARRAY[group_key]);
+        PERFORM inbox__groups_settled(queue, coalesce(shape, inbox__queue_shape(queue)), ARRAY[group_key]);
     END IF;
     RETURN applied = 1;
 END
@@ -4695,19 +4718,22 @@ RETURNS bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     shape inbox__queue_shape;
+    statement text;
     applied bigint;
 BEGIN
     PERFORM inbox__check_interval(lease, 'lease', false);
     PERFORM inbox__check_settlement(queue, id, token);
-    shape := inbox__queue_shape(queue);
-    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)',
-        inbox__prepared(format(
+    statement := inbox__session_statement(queue, 'extend');
+    IF statement IS NULL THEN
+        shape := inbox__queue_shape(queue);
+        statement := inbox__keep_statement(queue, 'extend', shape.table_sql, inbox__prepared(format(
             'WITH extended AS (UPDATE %s SET locked_until = $3 + $4 WHERE $2 > 0 AND locked_until > $3 AND %s%s RETURNING 1) '
             'SELECT count(*) FROM extended',
             shape.table_sql, inbox__fence_predicate(),
             CASE WHEN shape.has_leased_at THEN ' AND leased_at IS NOT NULL' ELSE '' END),
-            'int8, int8, timestamptz, interval'),
-        id, token, clock_timestamp(), lease)
+            'int8, int8, timestamptz, interval'));
+    END IF;
+    EXECUTE format('EXECUTE %I(%L, %L, %L, %L)', statement, id, token, clock_timestamp(), lease)
       INTO applied;
     RETURN applied = 1;
 END
