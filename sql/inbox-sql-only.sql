@@ -3657,40 +3657,42 @@ $$;
 -- The statements a session keeps for the job path. A call on the job path would otherwise read
 -- its table's shape from the catalog, build its statement's text and hash it, and look the name
 -- up in pg_prepared_statements, every time: more than the statement itself costs. Instead each
--- session keeps, per table and operation, the name of the prepared statement in a setting of its
--- own (`inbox_session.<op>_<table oid>`), and beside the statement a probe that is run before the
--- name is trusted: it returns the oid that the table's name resolves to, beside the table's row
--- type. PostgreSQL prepares the probe again (as the statement) after any change of the table, and
--- the probe then fails when a column was added, dropped, renamed or retyped (its result type
--- changes), or returns another oid when the table was renamed (its name may now be another
--- table's); it also fails when DEALLOCATE ALL removed the session's statements (DISCARD ALL
--- resets the setting too), and for a role that may not read the table. Then the caller builds
--- the statement from the table's shape, as without a kept statement. What the probe does not see
--- is a column's NOT NULL being set or dropped: the session goes on with the shape it read until
--- it reconnects or calls DISCARD ALL (docs/sql-only.md).
+-- session keeps, per table and operation, the name of the prepared statement and the table's
+-- name in a setting of its own (`inbox_session.<op>_<table oid>`), and beside the statement a
+-- probe, `SELECT * FROM <table> WHERE false`. Before a kept statement is used, the table's name
+-- must still be the table's (after a rename it may be another table's, which a statement
+-- prepared again would then reach), and the probe must run: PostgreSQL prepares it again (as the
+-- statement) after any change of the table, and it then fails when a column was added, dropped,
+-- renamed or retyped (its result type changes); it also fails when DEALLOCATE ALL removed the
+-- session's statements (DISCARD ALL resets the setting too), and for a role that may not read
+-- the table. Otherwise the caller builds the statement from the table's shape, as without a kept
+-- statement. What neither sees is a column's NOT NULL being set or dropped: the session goes on
+-- with the shape it read until it reconnects or calls DISCARD ALL (docs/sql-only.md).
 
 -- The name of the session's statement `op` for `tab`, or NULL when the session has none that it
--- can trust (never kept, or its probe failed).
+-- can trust (never kept, or its table or probe changed).
 CREATE OR REPLACE FUNCTION inbox__session_statement(tab regclass, op text) RETURNS text
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
-    statement text := current_setting('inbox_session.' || op || '_' || tab::oid, true);
-    named oid;
+    -- The statement's name, a space, the table's name.
+    kept text := current_setting('inbox_session.' || op || '_' || tab::oid, true);
+    statement text := split_part(kept, ' ', 1);
 BEGIN
-    IF statement IS NULL OR statement = '' THEN
+    IF statement IS NULL OR statement = ''
+       OR to_regclass(substr(kept, length(statement) + 2)) IS DISTINCT FROM tab THEN
         RETURN NULL;
     END IF;
     BEGIN
-        EXECUTE 'EXECUTE ' || statement || '_probe' INTO named;
+        EXECUTE 'EXECUTE ' || statement || '_probe';
     EXCEPTION WHEN OTHERS THEN
         RETURN NULL;
     END;
-    RETURN CASE WHEN named = tab::oid THEN statement END;
+    RETURN statement;
 END
 $$;
 
--- Keeps `statement` (a name from inbox__prepared) as the session's statement `op` for `tab`,
--- with its probe prepared afresh; returns it.
+-- Keeps `statement` (a name from inbox__prepared) as the session's statement `op` for `tab`
+-- (named `table_sql`), with its probe prepared afresh; returns it.
 CREATE OR REPLACE FUNCTION inbox__keep_statement(tab regclass, op text, table_sql text, statement text)
 RETURNS text
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
@@ -3700,10 +3702,8 @@ BEGIN
     IF EXISTS (SELECT FROM pg_prepared_statements p WHERE p.name = probe) THEN
         EXECUTE format('DEALLOCATE %I', probe);
     END IF;
-    EXECUTE format('PREPARE %I AS SELECT %L::pg_catalog.regclass::pg_catalog.oid, t.* '
-                   'FROM (SELECT) AS one LEFT JOIN (SELECT * FROM %s LIMIT 0) AS t ON true',
-                   probe, table_sql, table_sql);
-    PERFORM set_config('inbox_session.' || op || '_' || tab::oid, statement, false);
+    EXECUTE format('PREPARE %I AS SELECT * FROM %s WHERE false', probe, table_sql);
+    PERFORM set_config('inbox_session.' || op || '_' || tab::oid, statement || ' ' || table_sql, false);
     RETURN statement;
 END
 $$;
