@@ -19,7 +19,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT RETURN 26980;
 
 -- Whether enqueues notify (the inbox.notify setting: unset is on; the spellings of a boolean).
 CREATE OR REPLACE FUNCTION inbox__notify_enabled() RETURNS bool
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 DECLARE
     setting text := lower(coalesce(current_setting('inbox.notify', true), ''));
     n int := length(setting);
@@ -39,7 +39,7 @@ $$;
 
 -- Wakes the sessions asleep on the queue once the caller commits (queue.rs notify).
 CREATE OR REPLACE FUNCTION inbox__notify(queue regclass) RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
 DECLARE
     k int4;
 BEGIN

@@ -887,7 +887,7 @@ $$;
 -- Enqueues the due ticks of `queue`'s schedules in the caller's transaction (enqueue_due_ticks);
 -- inbox_lease and inbox_lock call it first, so that a tick's job can be taken by the same call.
 CREATE OR REPLACE FUNCTION inbox__enqueue_due_ticks(queue regclass) RETURNS void
-LANGUAGE plpgsql VOLATILE SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     now constant timestamptz := clock_timestamp();
     due record;
