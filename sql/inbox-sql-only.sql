@@ -4412,7 +4412,6 @@ $$;
 
 -- The prepared statement of a take (inbox__take_jobs): a lease when `leases`, else a lock; of the
 -- jobs of `$4` (of a lock, `$3`) only when `chosen`.
-DROP FUNCTION IF EXISTS inbox__take_statement(regclass, inbox__queue_shape, bool, bool);
 CREATE OR REPLACE FUNCTION inbox__take_statement(shape inbox__queue_shape, leases bool, chosen bool)
 RETURNS text
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
