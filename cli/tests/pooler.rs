@@ -237,12 +237,12 @@ async fn every_subcommand(db: &TestDb, direct: &Client, url: &str) {
 
 /// The names of the prepared statements of the session `client` runs on (simple protocol).
 /// The named statements of the server connection `client` runs on, but those the SQL-only build's
-/// functions prepare for themselves (`inbox_<hash>`, made and used inside one call, on whichever
-/// server connection runs it; docs/sql-only.md).
+/// functions prepare for themselves (`inbox_<hash>` and its probe `inbox_<hash>_probe`, made and
+/// used by its calls on whichever server connection runs them; docs/sql-only.md).
 async fn prepared_statements(client: &Client) -> Vec<String> {
     client
         .simple_query(
-            "SELECT name FROM pg_prepared_statements WHERE name !~ '^inbox_[0-9a-f]{32}$' \
+            "SELECT name FROM pg_prepared_statements WHERE name !~ '^inbox_[0-9a-f]{32}(_probe)?$' \
              ORDER BY name",
         )
         .await
