@@ -32,13 +32,21 @@ END \$search_path\$;
 -- Installing again over an install says nothing of the objects that are already there.
 SET LOCAL client_min_messages = warning;
 HEADER
-  local source
-  for source in sql/shared/*.sql sql/sql-only/*.sql; do
+  # The shared files, shape.sql first (the others' signatures use its types), then this build's.
+  local source sources=(sql/shared/shape.sql)
+  for source in sql/shared/*.sql; do
+    [[ "$source" == sql/shared/shape.sql ]] || sources+=("$source")
+  done
+  sources+=(sql/sql-only/*.sql)
+  for source in "${sources[@]}"; do
     [[ -f "$source" ]] || continue
     printf '\n-- ---- %s ----\n\n' "$source"
     # The shared files name the extension's objects @extschema@.name; this build's functions
-    # find them on their pinned search_path instead.
-    sed 's/@extschema@\.//g' "$source"
+    # find them on their pinned search_path instead: the install's path while they are created
+    # (PL/pgSQL checks a body's declared types under the function's own setting), pinned at the
+    # end to the catalog first.
+    sed -e 's/@extschema@\.//g' \
+        -e 's/SET search_path = pg_catalog, pg_temp/SET search_path FROM CURRENT/' "$source"
   done
   cat <<'FOOTER'
 

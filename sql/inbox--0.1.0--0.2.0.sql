@@ -8,6 +8,7 @@ DROP FUNCTION "inbox_enqueue_batch"(regclass, bytea[], timestamp with time zone,
 DROP FUNCTION "inbox_enqueue_batch"(regclass, jsonb[], timestamp with time zone, text[]);
 DROP FUNCTION "inbox_lease"(regclass, INT, interval);
 DROP FUNCTION "inbox_lock"(regclass, INT);
+DROP FUNCTION "inbox_purge"(regclass, timestamp with time zone);
 DROP FUNCTION "inbox_stats"(regclass);
 
 CREATE TABLE IF NOT EXISTS inbox_periodic_jobs (
@@ -1527,6 +1528,14 @@ REVOKE ALL ON FUNCTION inbox_drop_schedules_of_dropped_tables() FROM PUBLIC;
 CREATE EVENT TRIGGER inbox_drop_schedules_of_dropped_tables ON sql_drop
     EXECUTE FUNCTION inbox_drop_schedules_of_dropped_tables();
 
+CREATE OR REPLACE FUNCTION "inbox__groups_settled"(
+	"queue" regclass, /* crate :: datum :: RegClass */
+	"groups" TEXT[] /* Vec < Option < String > > */
+) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'inbox-0.2.0', 'groups_settled_wrapper';
+
 CREATE OR REPLACE FUNCTION "inbox__release"(
 	"queue" regclass, /* RegClass */
 	"ids" bigint[], /* BigintArray */
@@ -1631,31 +1640,6 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_dead_wrapper';
 
-CREATE OR REPLACE FUNCTION "inbox_dead_jobs"(
-	"queue" regclass, /* Option < RegClass > */
-	"max" INT DEFAULT 100 /* Option < i32 > */
-) RETURNS TABLE (
-	"id" bigint,  /* i64 */
-	"attempt" INT,  /* i32 */
-	"last_error" TEXT,  /* Option < String > */
-	"dead_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
-	"payload" jsonb,  /* Option < Jsonb > */
-	"payload_bytes" bytea  /* Option < Bytea > */
-)
-STABLE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_dead_jobs_wrapper';
-
-CREATE OR REPLACE FUNCTION "inbox_discard"(
-	"queue" regclass, /* Option < RegClass > */
-	"id" bigint /* Option < i64 > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_discard_wrapper';
-
 CREATE OR REPLACE FUNCTION "inbox_enqueue"(
 	"queue" regclass, /* Option < RegClass > */
 	"payload" jsonb, /* Option < Jsonb > */
@@ -1727,25 +1711,6 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_fence_wrapper';
 
-CREATE OR REPLACE FUNCTION "inbox_jobs"(
-	"queue" regclass, /* Option < RegClass > */
-	"state" TEXT DEFAULT NULL, /* Option < & str > */
-	"max" INT DEFAULT 100 /* Option < i32 > */
-) RETURNS TABLE (
-	"id" bigint,  /* i64 */
-	"state" TEXT,  /* String */
-	"attempt" INT,  /* i32 */
-	"due" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
-	"last_error" TEXT,  /* Option < String > */
-	"payload" jsonb,  /* Option < Jsonb > */
-	"payload_bytes" bytea,  /* Option < Bytea > */
-	"progress" jsonb  /* Option < Jsonb > */
-)
-STABLE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_jobs_wrapper';
-
 CREATE OR REPLACE FUNCTION "inbox_lease"(
 	"queue" regclass, /* Option < RegClass > */
 	"max" INT DEFAULT 1, /* Option < i32 > */
@@ -1777,21 +1742,6 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_lock_wrapper';
 
-CREATE OR REPLACE FUNCTION "inbox_metrics"() RETURNS TABLE (
-	"queue" TEXT,  /* String */
-	"ready" bigint,  /* i64 */
-	"delayed" bigint,  /* i64 */
-	"leased" bigint,  /* i64 */
-	"dead" bigint,  /* i64 */
-	"oldest_ready_age_seconds" double precision,  /* f64 */
-	"oldest_lease_age_seconds" double precision,  /* Option < f64 > */
-	"paused" bool  /* bool */
-)
-STRICT VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_metrics_wrapper';
-
 CREATE OR REPLACE FUNCTION "inbox_notify"(
 	"queue" regclass /* Option < RegClass > */
 ) RETURNS void
@@ -1821,58 +1771,6 @@ CREATE OR REPLACE FUNCTION "inbox_publish_bytes"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'inbox_publish_bytes_wrapper';
-
-CREATE OR REPLACE FUNCTION "inbox_purge"(
-	"ledger" regclass, /* Option < RegClass > */
-	"older_than" timestamp with time zone /* Option < TimestampWithTimeZone > */
-) RETURNS bigint /* i64 */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_purge_wrapper';
-
-CREATE OR REPLACE FUNCTION "inbox_purge"(
-	"ledger" regclass, /* Option < RegClass > */
-	"older_than" timestamp with time zone, /* Option < TimestampWithTimeZone > */
-	"max" bigint /* Option < i64 > */
-) RETURNS bigint /* i64 */
-VOLATILE PARALLEL UNSAFE 
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_purge_at_most_wrapper';
-
-CREATE OR REPLACE FUNCTION "inbox_queues"() RETURNS TABLE (
-	"queue" regclass,  /* RegClass */
-	"ready" bigint,  /* i64 */
-	"delayed" bigint,  /* i64 */
-	"leased" bigint,  /* i64 */
-	"dead" bigint,  /* i64 */
-	"oldest_ready_age" interval,  /* Option < Interval > */
-	"oldest_lease_age" interval,  /* Option < Interval > */
-	"paused" bool  /* bool */
-)
-STRICT VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_queues_wrapper';
-
-CREATE OR REPLACE FUNCTION "inbox_requeue"(
-	"queue" regclass, /* Option < RegClass > */
-	"id" bigint /* Option < i64 > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_requeue_wrapper';
-
-CREATE OR REPLACE FUNCTION "inbox_requeue_dead"(
-	"queue" regclass, /* Option < RegClass > */
-	"max" INT DEFAULT NULL /* Option < i32 > */
-) RETURNS bigint /* i64 */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'inbox-0.2.0', 'inbox_requeue_dead_wrapper';
 
 CREATE OR REPLACE FUNCTION "inbox_retry"(
 	"queue" regclass, /* Option < RegClass > */
@@ -3416,3 +3314,543 @@ END
 $$;
 COMMENT ON FUNCTION inbox_run_schedule(pg_catalog.regclass, pg_catalog.text) IS
     'Enqueues a schedule''s job now, outside its timetable; returns its id.';
+
+DO $types$
+DECLARE
+    field pg_catalog.text;
+BEGIN
+    IF pg_catalog.to_regtype('@extschema@.inbox__queue_shape') IS NULL THEN
+        CREATE TYPE @extschema@.inbox__queue_shape AS (
+            table_sql pg_catalog.text,
+            payload pg_catalog.text,
+            nullable_locked_until pg_catalog.bool,
+            has_key pg_catalog.bool,
+            has_last_error pg_catalog.bool,
+            has_leased_at pg_catalog.bool,
+            has_priority pg_catalog.bool,
+            has_group_key pg_catalog.bool,
+            has_dead_at pg_catalog.bool,
+            has_run_at pg_catalog.bool,
+            groups pg_catalog.bool,
+            dead_predicate pg_catalog.text,
+            has_snoozes pg_catalog.bool,
+            has_timeout pg_catalog.bool,
+            has_errors pg_catalog.bool
+        );
+    END IF;
+    -- Installed by an earlier version of the SQL-only build: the fields added since.
+    FOR field IN SELECT pg_catalog.unnest(ARRAY['has_snoozes', 'has_timeout', 'has_errors']) LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                        WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                           WHERE oid = pg_catalog.to_regtype('@extschema@.inbox__queue_shape'))
+                          AND attname = field AND NOT attisdropped) THEN
+            EXECUTE pg_catalog.format('ALTER TYPE @extschema@.inbox__queue_shape ADD ATTRIBUTE %I pg_catalog.bool', field);
+        END IF;
+    END LOOP;
+    IF pg_catalog.to_regtype('@extschema@.inbox__ledger_shape') IS NULL THEN
+        CREATE TYPE @extschema@.inbox__ledger_shape AS (table_sql pg_catalog.text);
+    END IF;
+END
+$types$;
+
+CREATE OR REPLACE FUNCTION inbox__finite_time(value pg_catalog.timestamptz, argument pg_catalog.text)
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
+    END IF;
+    IF NOT pg_catalog.isfinite(value) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('%s must be a finite time, not %s',
+            argument, CASE WHEN value > 'epoch'::pg_catalog.timestamptz THEN 'infinity' ELSE '-infinity' END);
+    END IF;
+    RETURN value;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__checked_columns(tab pg_catalog.regclass, kind pg_catalog.text,
+                                                  names pg_catalog.text[], kinds pg_catalog.text,
+                                                  required pg_catalog.int4, OUT table_sql pg_catalog.text,
+                                                  OUT types pg_catalog.oid[], OUT not_nulls pg_catalog.bool[])
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    relkind text;
+    found_names text[];
+    found_types oid[];
+    found_not_nulls bool[];
+    accepted oid[];
+    at int;
+BEGIN
+    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname),
+           array_agg(a.attname::text), array_agg(a.atttypid), array_agg(a.attnotnull)
+      INTO relkind, table_sql, found_names, found_types, found_not_nulls
+      FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_attribute a
+             ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (names)
+     WHERE c.oid = tab
+     GROUP BY 1, 2;
+    IF relkind IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('no table with oid %s', tab::oid);
+    END IF;
+    IF relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', table_sql);
+    END IF;
+    types := '{}';
+    not_nulls := '{}';
+    FOR i IN 1 .. cardinality(names) LOOP
+        at := array_position(found_names, names[i]);
+        IF at IS NULL THEN
+            IF i <= required THEN
+                RAISE EXCEPTION USING ERRCODE = '42703',
+                    MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, names[i]);
+            END IF;
+            types := types || NULL::oid;
+            not_nulls := not_nulls || false;
+            CONTINUE;
+        END IF;
+        accepted := CASE substr(kinds, i, 1)
+                        WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
+                        WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
+                        WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
+                        WHEN 'v' THEN '{1186}'::oid[]       -- interval
+                        WHEN 'j' THEN '{3802}'::oid[]       -- jsonb
+                        ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
+        IF NOT found_types[at] = ANY (accepted) THEN
+            RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
+                'column "%s" of %s table %s is of type %s, expected %s', names[i], kind, table_sql,
+                format_type(found_types[at], NULL),
+                array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
+        END IF;
+        types := types || found_types[at];
+        not_nulls := not_nulls || found_not_nulls[at];
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__queue_shape(queue pg_catalog.regclass) RETURNS @extschema@.inbox__queue_shape
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t record;
+    shape @extschema@.inbox__queue_shape;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
+    END IF;
+    t := @extschema@.inbox__checked_columns(queue, 'queue',
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout,errors}',
+        'iitpxxtixttivj', 4);
+    shape.table_sql := t.table_sql;
+    shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
+    shape.nullable_locked_until := NOT t.not_nulls[3];
+    shape.has_key := t.types[5] IS NOT NULL;
+    shape.has_last_error := t.types[6] IS NOT NULL;
+    shape.has_leased_at := t.types[7] IS NOT NULL;
+    shape.has_priority := t.types[8] IS NOT NULL;
+    shape.has_group_key := t.types[9] IS NOT NULL;
+    shape.has_dead_at := t.types[10] IS NOT NULL;
+    shape.has_run_at := t.types[11] IS NOT NULL;
+    shape.has_snoozes := t.types[12] IS NOT NULL;
+    shape.has_timeout := t.types[13] IS NOT NULL;
+    shape.has_errors := t.types[14] IS NOT NULL;
+    shape.groups := shape.has_group_key AND shape.has_dead_at;
+    -- Only where a job can also wait in its group does dead_at tell the two apart.
+    shape.dead_predicate := CASE WHEN shape.groups
+        THEN 'locked_until = ''infinity'' AND dead_at IS NOT NULL'
+        ELSE 'locked_until = ''infinity''' END;
+    RETURN shape;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__ledger_shape(ledger pg_catalog.regclass) RETURNS @extschema@.inbox__ledger_shape
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF ledger IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ledger must not be NULL';
+    END IF;
+    RETURN ROW((@extschema@.inbox__checked_columns(ledger, 'ledger', '{event_key,seen_at}', 'xt', 2)).table_sql)::@extschema@.inbox__ledger_shape;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__requeue_set(shape @extschema@.inbox__queue_shape) RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN 'attempt = 0'
+    || CASE WHEN shape.groups
+            THEN ', locked_until = CASE WHEN group_key IS NULL THEN $2 ELSE ''infinity'' END, dead_at = NULL'
+            ELSE ', locked_until = $2' || CASE WHEN shape.has_dead_at THEN ', dead_at = NULL' ELSE '' END END
+    || CASE WHEN shape.has_leased_at THEN ', leased_at = NULL' ELSE '' END;
+
+CREATE OR REPLACE FUNCTION inbox__requeued_group(shape @extschema@.inbox__queue_shape) RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN shape.groups THEN ' RETURNING group_key' ELSE ' RETURNING NULL::pg_catalog.text' END;
+
+CREATE OR REPLACE FUNCTION inbox__dead_order(shape @extschema@.inbox__queue_shape) RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+RETURN CASE WHEN shape.has_dead_at THEN 'dead_at, id' ELSE 'id' END;
+
+CREATE OR REPLACE FUNCTION inbox_requeue(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shape @extschema@.inbox__queue_shape;
+    requeued bigint;
+    groups text[];
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    PERFORM @extschema@.inbox__required(id, 'id');
+    shape := @extschema@.inbox__queue_shape(queue);
+    EXECUTE format(
+        'WITH requeued AS (UPDATE %s SET %s WHERE id = $1 AND %s%s) '
+        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
+        shape.table_sql, @extschema@.inbox__requeue_set(shape), shape.dead_predicate,
+        @extschema@.inbox__requeued_group(shape))
+      INTO requeued, groups USING id, clock_timestamp();
+    IF groups IS NOT NULL THEN
+        PERFORM @extschema@.inbox__groups_settled(queue, groups);
+    END IF;
+    RETURN requeued = 1;
+END
+$$;
+COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
+    'Runs a dead job again from its first attempt; false when it is not dead.';
+
+CREATE OR REPLACE FUNCTION inbox_requeue_dead(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shape @extschema@.inbox__queue_shape;
+    requeued bigint;
+    groups text[];
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    IF max < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
+    END IF;
+    shape := @extschema@.inbox__queue_shape(queue);
+    -- Skips dead jobs that another transaction is requeueing or discarding.
+    EXECUTE format(
+        'WITH requeued AS (UPDATE %1$s SET %2$s '
+        '  WHERE id = ANY (ARRAY(SELECT id FROM %1$s WHERE %3$s ORDER BY %4$s LIMIT $1 '
+        '                        FOR UPDATE SKIP LOCKED)) '
+        '    AND %3$s%5$s) '
+        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
+        shape.table_sql, @extschema@.inbox__requeue_set(shape), shape.dead_predicate,
+        @extschema@.inbox__dead_order(shape), @extschema@.inbox__requeued_group(shape))
+      INTO requeued, groups USING max::int8, clock_timestamp();
+    IF groups IS NOT NULL THEN
+        PERFORM @extschema@.inbox__groups_settled(queue, groups);
+    END IF;
+    RETURN requeued;
+END
+$$;
+COMMENT ON FUNCTION inbox_requeue_dead(pg_catalog.regclass, pg_catalog.int4) IS
+    'Runs the dead jobs again (all, or the max oldest); returns how many.';
+
+CREATE OR REPLACE FUNCTION inbox_discard(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shape @extschema@.inbox__queue_shape;
+    discarded bigint;
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    PERFORM @extschema@.inbox__required(id, 'id');
+    shape := @extschema@.inbox__queue_shape(queue);
+    EXECUTE format('DELETE FROM %s WHERE id = $1 AND %s', shape.table_sql, shape.dead_predicate)
+      USING id;
+    GET DIAGNOSTICS discarded = ROW_COUNT;
+    RETURN discarded = 1;
+END
+$$;
+COMMENT ON FUNCTION inbox_discard(pg_catalog.regclass, pg_catalog.int8) IS
+    'Deletes a dead job; false when it is not dead.';
+
+CREATE OR REPLACE FUNCTION inbox__dead_jobs(queue pg_catalog.regclass, max pg_catalog.int4)
+RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, last_error pg_catalog.text,
+              dead_at pg_catalog.timestamptz, payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shape @extschema@.inbox__queue_shape;
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    IF @extschema@.inbox__required(max, 'max') < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
+    END IF;
+    shape := @extschema@.inbox__queue_shape(queue);
+    RETURN QUERY EXECUTE format(
+        'SELECT id::int8, attempt::int4, %s, %s, %s FROM %s WHERE %s ORDER BY %s LIMIT $1',
+        CASE WHEN shape.has_last_error THEN 'last_error::text' ELSE 'NULL::text' END,
+        CASE WHEN shape.has_dead_at THEN 'dead_at' ELSE 'NULL::timestamptz' END,
+        CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END,
+        shape.table_sql, shape.dead_predicate, @extschema@.inbox__dead_order(shape))
+      USING max;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox_dead_jobs(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT 100)
+RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, last_error pg_catalog.text,
+              dead_at pg_catalog.timestamptz, payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM @extschema@.inbox__dead_jobs(queue, max);
+END
+$$;
+COMMENT ON FUNCTION inbox_dead_jobs(pg_catalog.regclass, pg_catalog.int4) IS
+    'Up to max dead jobs of the queue, oldest first.';
+
+CREATE OR REPLACE FUNCTION inbox__observed_states(
+    shape @extschema@.inbox__queue_shape,
+    OUT ready text, OUT delayed text, OUT leased text, OUT dead text)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    timed constant text := '(locked_until > $1 AND locked_until < ''infinity'')';
+    delivered text;
+    in_group text;
+BEGIN
+    ready := CASE WHEN shape.nullable_locked_until
+                  THEN '(locked_until IS NULL OR locked_until <= $1)'
+                  ELSE 'locked_until <= $1' END;
+    -- Without leased_at a delivered job waiting for its locked_until counts as leased.
+    delivered := CASE WHEN shape.has_leased_at THEN 'leased_at IS NOT NULL' ELSE 'attempt > 0' END;
+    dead := CASE WHEN shape.has_dead_at
+                 THEN '(locked_until = ''infinity'' AND dead_at IS NOT NULL)'
+                 ELSE 'locked_until = ''infinity''' END;
+    in_group := CASE WHEN shape.has_dead_at AND shape.has_group_key
+                     THEN '(locked_until = ''infinity'' AND dead_at IS NULL)'
+                     ELSE 'false' END;
+    delayed := format('((%s AND NOT (%s)) OR %s)', timed, delivered, in_group);
+    leased := format('(%s AND %s)', timed, delivered);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox__interval_seconds(span interval)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN (extract(year FROM span) * 12 + extract(month FROM span))::double precision
+           * 30.0::double precision * 86400.0::double precision
+       + extract(day FROM span)::double precision * 86400.0::double precision
+       + (extract(hour FROM span) * 3600000000 + extract(minute FROM span) * 60000000
+          + extract(microseconds FROM span))::bigint::double precision
+           / 1000000.0::double precision;
+
+CREATE OR REPLACE FUNCTION inbox__every_queue()
+RETURNS TABLE (queue regclass, queue_name text, ready bigint, delayed bigint, leased bigint,
+               dead bigint, oldest_ready_age interval, oldest_lease_age interval,
+               records_leases boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    candidate record;
+    shape @extschema@.inbox__queue_shape;
+    states record;
+BEGIN
+    FOR candidate IN
+        SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name
+          FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+           AND n.nspname <> 'information_schema' AND n.nspname !~ '^pg_(catalog|toast)'
+           AND NOT pg_is_other_temp_schema(n.oid)
+           AND has_schema_privilege(n.oid, 'USAGE')
+           AND has_table_privilege(c.oid, 'SELECT')
+           AND 4 = (SELECT count(*) FROM pg_attribute a
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND ((a.attname IN ('id', 'attempt')
+                             AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))
+                         OR (a.attname = 'locked_until' AND a.atttypid = 'timestamptz'::regtype)
+                         OR (a.attname = 'payload'
+                             AND a.atttypid IN ('jsonb'::regtype, 'bytea'::regtype))))
+           AND NOT EXISTS (SELECT FROM pg_attribute a
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND ((a.attname IN ('key', 'last_error', 'group_key')
+                             AND a.atttypid NOT IN ('text'::regtype, 'varchar'::regtype))
+                         OR (a.attname IN ('leased_at', 'dead_at', 'run_at')
+                             AND a.atttypid <> 'timestamptz'::regtype)
+                         OR (a.attname = 'priority'
+                             AND a.atttypid NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))
+                         -- An outbox is shaped like a queue; its ordering_key tells it apart.
+                         OR a.attname = 'ordering_key'))
+         ORDER BY n.nspname, c.relname
+    LOOP
+        BEGIN
+            -- ONLY: the partitions are locked by the count itself, as any query would.
+            EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE NOWAIT', candidate.name);
+        EXCEPTION WHEN lock_not_available OR undefined_table OR invalid_schema_name THEN
+            CONTINUE;
+        END;
+        -- Dropped (or renamed, and its name taken) between the listing and the lock.
+        CONTINUE WHEN to_regclass(candidate.name) IS DISTINCT FROM candidate.oid::regclass;
+        shape := @extschema@.inbox__queue_shape(candidate.oid::regclass);
+        states := @extschema@.inbox__observed_states(shape);
+        queue := candidate.oid::regclass;
+        queue_name := candidate.name;
+        records_leases := shape.has_leased_at;
+        EXECUTE format(
+            'SELECT count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s), '
+            '       count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s), '
+            '       $1 - min(locked_until) FILTER (WHERE locked_until <= $1), %s FROM %s',
+            states.ready, states.delayed, states.leased, states.dead,
+            CASE WHEN shape.has_leased_at
+                 THEN format('$1 - min(leased_at) FILTER (WHERE %s)', states.leased)
+                 ELSE 'NULL::interval' END,
+            shape.table_sql)
+          INTO ready, delayed, leased, dead, oldest_ready_age, oldest_lease_age
+          USING clock_timestamp();
+        RETURN NEXT;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_queues()
+RETURNS TABLE (queue regclass, ready bigint, delayed bigint, leased bigint, dead bigint,
+               oldest_ready_age interval, oldest_lease_age interval, paused bool)
+LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+    SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age,
+           @extschema@.inbox_paused_since(q.queue) IS NOT NULL
+      FROM @extschema@.inbox__every_queue() q
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_metrics()
+RETURNS TABLE (queue text, ready bigint, delayed bigint, leased bigint, dead bigint,
+               oldest_ready_age_seconds double precision,
+               oldest_lease_age_seconds double precision, paused bool)
+LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+    SELECT q.queue_name, q.ready, q.delayed, q.leased, q.dead,
+           coalesce(@extschema@.inbox__interval_seconds(q.oldest_ready_age), 0),
+           CASE WHEN q.records_leases
+                THEN coalesce(@extschema@.inbox__interval_seconds(q.oldest_lease_age), 0) END,
+           @extschema@.inbox_paused_since(q.queue) IS NOT NULL
+      FROM @extschema@.inbox__every_queue() q
+$function$;
+
+DROP FUNCTION IF EXISTS inbox_jobs(regclass, text, int);
+DROP FUNCTION IF EXISTS inbox__jobs(regclass, text, int);
+CREATE OR REPLACE FUNCTION inbox__jobs(queue regclass, wanted text, max int)
+RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
+               payload jsonb, payload_bytes bytea, progress jsonb)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    shape @extschema@.inbox__queue_shape;
+    states record;
+    filter text;
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    IF wanted IS NOT NULL AND wanted NOT IN ('ready', 'delayed', 'leased', 'dead') THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('unknown job state "%s": expected ready, delayed, leased or dead',
+                             wanted);
+    END IF;
+    IF @extschema@.inbox__required(max, 'max') < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'max must be at least 1';
+    END IF;
+    shape := @extschema@.inbox__queue_shape(queue);
+    states := @extschema@.inbox__observed_states(shape);
+    filter := CASE wanted WHEN 'ready' THEN states.ready WHEN 'delayed' THEN states.delayed
+                         WHEN 'leased' THEN states.leased WHEN 'dead' THEN states.dead
+                         ELSE 'true' END;
+    RETURN QUERY EXECUTE format(
+        'SELECT id::int8, CASE WHEN %s THEN ''dead'' WHEN %s THEN ''ready'' '
+        '                      WHEN %s THEN ''leased'' ELSE ''delayed'' END, '
+        '       attempt::int4, locked_until, %s, %s, '
+        '       NULLIF(pg_catalog.to_jsonb(q) OPERATOR(pg_catalog.->) ''progress'', '
+        '                         ''null''::pg_catalog.jsonb) '
+        '  FROM %s AS q WHERE %s ORDER BY locked_until%s, id LIMIT $2',
+        states.dead, states.ready, states.leased,
+        CASE WHEN shape.has_last_error THEN 'last_error::text' ELSE 'NULL::text' END,
+        CASE shape.payload WHEN 'bytea' THEN 'NULL::jsonb, payload' ELSE 'payload, NULL::bytea' END,
+        shape.table_sql, filter,
+        CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END)
+      USING clock_timestamp(), max::bigint;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_jobs(queue regclass, state text DEFAULT NULL, max int DEFAULT 100)
+RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
+               payload jsonb, payload_bytes bytea, progress jsonb)
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+    SELECT * FROM @extschema@.inbox__jobs(queue, state, max)
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox__purge_batch(table_sql text, older_than timestamptz, batch bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    deleted bigint;
+BEGIN
+    EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
+                   ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
+      USING older_than, batch;
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    batch_size constant bigint := 10000;
+    purged bigint := 0;
+    table_sql text;
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.inbox__required(ledger, 'ledger');
+    PERFORM @extschema@.inbox__finite_time(older_than, 'older_than');
+    table_sql := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
+    PERFORM @extschema@.inbox__citus_check_purge(ledger);
+    LOOP
+        deleted := @extschema@.inbox__purge_batch(table_sql, older_than, batch_size);
+        purged := purged + deleted;
+        EXIT WHEN deleted < batch_size;
+    END LOOP;
+    RETURN purged;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz, max bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $function$
+DECLARE
+    batch_size constant bigint := 10000;
+    purged bigint := 0;
+    table_sql text;
+    batch bigint;
+    deleted bigint;
+BEGIN
+    PERFORM @extschema@.inbox__required(ledger, 'ledger');
+    IF NOT isfinite(@extschema@.inbox__required(older_than, 'older_than')) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'older_than must be a finite timestamp';
+    END IF;
+    IF @extschema@.inbox__required(max, 'max') < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'max must be at least 1';
+    END IF;
+    table_sql := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
+    PERFORM @extschema@.inbox__citus_check_purge(ledger);
+    WHILE purged < max LOOP
+        batch := least(max - purged, batch_size);
+        deleted := @extschema@.inbox__purge_batch(table_sql, older_than, batch);
+        purged := purged + deleted;
+        EXIT WHEN deleted < batch;
+    END LOOP;
+    RETURN purged;
+END
+$function$;

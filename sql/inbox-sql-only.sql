@@ -20,6 +20,183 @@ END $search_path$;
 -- Installing again over an install says nothing of the objects that are already there.
 SET LOCAL client_min_messages = warning;
 
+-- ---- sql/shared/shape.sql ----
+
+-- A table's shape read from the catalog, written once for both builds: the operator functions
+-- (dead letters, inbox_queues, inbox_metrics, inbox_jobs, purges) and every call of the SQL-only
+-- build read a queue's or ledger's columns through inbox__queue_shape / inbox__ledger_shape. The
+-- pgrx build's job path reads the same shape natively (extension/src/shape.rs), with the same
+-- errors: 42P01 for an oid that is no table any more, 42809 for a relation that is not a table,
+-- 42703 for a missing column, 42804 for a mistyped one.
+--
+-- References to the extension's own objects are written name (see outbox.sql). The
+-- SQL-only build creates this file before the other shared files: their signatures use its types.
+
+DO $types$
+DECLARE
+    field pg_catalog.text;
+BEGIN
+    IF pg_catalog.to_regtype('inbox__queue_shape') IS NULL THEN
+        CREATE TYPE inbox__queue_shape AS (
+            table_sql pg_catalog.text,
+            payload pg_catalog.text,
+            nullable_locked_until pg_catalog.bool,
+            has_key pg_catalog.bool,
+            has_last_error pg_catalog.bool,
+            has_leased_at pg_catalog.bool,
+            has_priority pg_catalog.bool,
+            has_group_key pg_catalog.bool,
+            has_dead_at pg_catalog.bool,
+            has_run_at pg_catalog.bool,
+            groups pg_catalog.bool,
+            dead_predicate pg_catalog.text,
+            has_snoozes pg_catalog.bool,
+            has_timeout pg_catalog.bool,
+            has_errors pg_catalog.bool
+        );
+    END IF;
+    -- Installed by an earlier version of the SQL-only build: the fields added since.
+    FOR field IN SELECT pg_catalog.unnest(ARRAY['has_snoozes', 'has_timeout', 'has_errors']) LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                        WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                           WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
+                          AND attname = field AND NOT attisdropped) THEN
+            EXECUTE pg_catalog.format('ALTER TYPE inbox__queue_shape ADD ATTRIBUTE %I pg_catalog.bool', field);
+        END IF;
+    END LOOP;
+    IF pg_catalog.to_regtype('inbox__ledger_shape') IS NULL THEN
+        CREATE TYPE inbox__ledger_shape AS (table_sql pg_catalog.text);
+    END IF;
+END
+$types$;
+
+-- A required time that is finite (error.rs finite_time). On the SQL-only build's job path, so it
+-- runs on its caller's pinned search_path (sql/sql-only/10-shape.sql says why).
+CREATE OR REPLACE FUNCTION inbox__finite_time(value pg_catalog.timestamptz, argument pg_catalog.text)
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
+    END IF;
+    IF NOT pg_catalog.isfinite(value) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('%s must be a finite time, not %s',
+            argument, CASE WHEN value > 'epoch'::pg_catalog.timestamptz THEN 'infinity' ELSE '-infinity' END);
+    END IF;
+    RETURN value;
+END
+$$;
+
+-- Reads the table's quoted name and the columns `names` (the first `required` of them required),
+-- each checked to be of its kind: i an integer, x text, t timestamptz, v interval, j jsonb, p
+-- jsonb or bytea. Returns the type of each column (NULL when absent) and whether it is NOT NULL.
+-- One catalog query.
+CREATE OR REPLACE FUNCTION inbox__checked_columns(tab pg_catalog.regclass, kind pg_catalog.text,
+                                                  names pg_catalog.text[], kinds pg_catalog.text,
+                                                  required pg_catalog.int4, OUT table_sql pg_catalog.text,
+                                                  OUT types pg_catalog.oid[], OUT not_nulls pg_catalog.bool[])
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    relkind text;
+    found_names text[];
+    found_types oid[];
+    found_not_nulls bool[];
+    accepted oid[];
+    at int;
+BEGIN
+    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname),
+           array_agg(a.attname::text), array_agg(a.atttypid), array_agg(a.attnotnull)
+      INTO relkind, table_sql, found_names, found_types, found_not_nulls
+      FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_attribute a
+             ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (names)
+     WHERE c.oid = tab
+     GROUP BY 1, 2;
+    IF relkind IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('no table with oid %s', tab::oid);
+    END IF;
+    IF relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', table_sql);
+    END IF;
+    types := '{}';
+    not_nulls := '{}';
+    FOR i IN 1 .. cardinality(names) LOOP
+        at := array_position(found_names, names[i]);
+        IF at IS NULL THEN
+            IF i <= required THEN
+                RAISE EXCEPTION USING ERRCODE = '42703',
+                    MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, names[i]);
+            END IF;
+            types := types || NULL::oid;
+            not_nulls := not_nulls || false;
+            CONTINUE;
+        END IF;
+        accepted := CASE substr(kinds, i, 1)
+                        WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
+                        WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
+                        WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
+                        WHEN 'v' THEN '{1186}'::oid[]       -- interval
+                        WHEN 'j' THEN '{3802}'::oid[]       -- jsonb
+                        ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
+        IF NOT found_types[at] = ANY (accepted) THEN
+            RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
+                'column "%s" of %s table %s is of type %s, expected %s', names[i], kind, table_sql,
+                format_type(found_types[at], NULL),
+                array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
+        END IF;
+        types := types || found_types[at];
+        not_nulls := not_nulls || found_not_nulls[at];
+    END LOOP;
+END
+$$;
+
+-- shape.rs QueueShape::load.
+CREATE OR REPLACE FUNCTION inbox__queue_shape(queue pg_catalog.regclass) RETURNS inbox__queue_shape
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+DECLARE
+    t record;
+    shape inbox__queue_shape;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
+    END IF;
+    t := inbox__checked_columns(queue, 'queue',
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout,errors}',
+        'iitpxxtixttivj', 4);
+    shape.table_sql := t.table_sql;
+    shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
+    shape.nullable_locked_until := NOT t.not_nulls[3];
+    shape.has_key := t.types[5] IS NOT NULL;
+    shape.has_last_error := t.types[6] IS NOT NULL;
+    shape.has_leased_at := t.types[7] IS NOT NULL;
+    shape.has_priority := t.types[8] IS NOT NULL;
+    shape.has_group_key := t.types[9] IS NOT NULL;
+    shape.has_dead_at := t.types[10] IS NOT NULL;
+    shape.has_run_at := t.types[11] IS NOT NULL;
+    shape.has_snoozes := t.types[12] IS NOT NULL;
+    shape.has_timeout := t.types[13] IS NOT NULL;
+    shape.has_errors := t.types[14] IS NOT NULL;
+    shape.groups := shape.has_group_key AND shape.has_dead_at;
+    -- Only where a job can also wait in its group does dead_at tell the two apart.
+    shape.dead_predicate := CASE WHEN shape.groups
+        THEN 'locked_until = ''infinity'' AND dead_at IS NOT NULL'
+        ELSE 'locked_until = ''infinity''' END;
+    RETURN shape;
+END
+$$;
+
+-- shape.rs LedgerShape::load.
+CREATE OR REPLACE FUNCTION inbox__ledger_shape(ledger pg_catalog.regclass) RETURNS inbox__ledger_shape
+LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
+BEGIN
+    IF ledger IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ledger must not be NULL';
+    END IF;
+    RETURN ROW((inbox__checked_columns(ledger, 'ledger', '{event_key,seen_at}', 'xt', 2)).table_sql)::inbox__ledger_shape;
+END
+$$;
+
 -- ---- sql/shared/browse.sql ----
 
 -- Browsing a queue as an operator does, on a queue of millions of jobs (docs/sql-api.md,
@@ -39,7 +216,7 @@ SET LOCAL client_min_messages = warning;
 
 -- Raises 42703 unless `queue` has column `name`, which a filter names.
 CREATE OR REPLACE FUNCTION inbox__filter_column(queue pg_catalog.regclass, name pg_catalog.text) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF NOT inbox__has_column(queue, name) THEN
         RAISE EXCEPTION USING ERRCODE = '42703',
@@ -57,7 +234,7 @@ CREATE OR REPLACE FUNCTION inbox__job_filter(queue pg_catalog.regclass, state pg
                                              priority pg_catalog.int4, group_key pg_catalog.text,
                                              key pg_catalog.text, now pg_catalog.timestamptz)
 RETURNS pg_catalog.text
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     clock constant pg_catalog.text := pg_catalog.format('%L::pg_catalog.timestamptz', now);
     nullable pg_catalog.bool;
@@ -118,7 +295,7 @@ COMMENT ON FUNCTION inbox__job_filter(pg_catalog.regclass, pg_catalog.text, pg_c
 CREATE OR REPLACE FUNCTION inbox__column_or(queue pg_catalog.regclass, name pg_catalog.text,
                                             otherwise pg_catalog.text)
 RETURNS pg_catalog.text
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN CASE WHEN inbox__has_column(queue, name) THEN pg_catalog.quote_ident(name) ELSE otherwise END;
 END
@@ -137,7 +314,7 @@ RETURNS TABLE(id pg_catalog.int8, state pg_catalog.text, attempt pg_catalog.int4
               group_key pg_catalog.text, key pg_catalog.text, due pg_catalog.timestamptz,
               enqueued_at pg_catalog.timestamptz, leased_at pg_catalog.timestamptz,
               dead_at pg_catalog.timestamptz, last_error pg_catalog.text)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     now constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     filter pg_catalog.text;
@@ -183,7 +360,7 @@ RETURNS TABLE(id pg_catalog.int8, state pg_catalog.text, attempt pg_catalog.int4
               group_key pg_catalog.text, key pg_catalog.text, due pg_catalog.timestamptz,
               enqueued_at pg_catalog.timestamptz, leased_at pg_catalog.timestamptz,
               dead_at pg_catalog.timestamptz, last_error pg_catalog.text)
-LANGUAGE sql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT
 BEGIN ATOMIC
     SELECT * FROM inbox__job_page(queue, state, priority, group_key, key, before, max);
 END;
@@ -201,7 +378,7 @@ CREATE OR REPLACE FUNCTION inbox_job_count(queue pg_catalog.regclass, state pg_c
                                            exact_up_to pg_catalog.int8 DEFAULT 10000)
 RETURNS TABLE(jobs pg_catalog.int8, exact pg_catalog.bool)
 -- Volatile only because PostgreSQL runs EXPLAIN in no other function; it writes nothing.
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     filter pg_catalog.text;
     counted pg_catalog.int8;
@@ -235,7 +412,7 @@ COMMENT ON FUNCTION inbox_job_count(pg_catalog.regclass, pg_catalog.text, pg_cat
 -- No row when the job is gone (inbox_result tells how it ended).
 CREATE OR REPLACE FUNCTION inbox_job_detail(queue pg_catalog.regclass, id pg_catalog.int8)
 RETURNS TABLE(state pg_catalog.text, job pg_catalog.jsonb)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     now constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
@@ -259,7 +436,7 @@ COMMENT ON FUNCTION inbox_job_detail(pg_catalog.regclass, pg_catalog.int8) IS
 CREATE OR REPLACE FUNCTION inbox_dead_letter_groups(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT 20)
 RETURNS TABLE(last_error pg_catalog.text, jobs pg_catalog.int8, first_dead_at pg_catalog.timestamptz,
               last_dead_at pg_catalog.timestamptz, newest_id pg_catalog.int8)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     dead_at pg_catalog.text;
 BEGIN
@@ -283,7 +460,7 @@ COMMENT ON FUNCTION inbox_dead_letter_groups(pg_catalog.regclass, pg_catalog.int
 CREATE OR REPLACE FUNCTION inbox_requeue_dead_with_error(queue pg_catalog.regclass, last_error pg_catalog.text,
                                                          max pg_catalog.int4 DEFAULT NULL)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     dead pg_catalog.int8;
     requeued pg_catalog.int8 := 0;
@@ -316,7 +493,7 @@ COMMENT ON FUNCTION inbox_requeue_dead_with_error(pg_catalog.regclass, pg_catalo
 -- (a busy session passes its counts on about every second, an idle one within ten).
 CREATE OR REPLACE FUNCTION inbox_queue_activity(queue pg_catalog.regclass)
 RETURNS TABLE(enqueued pg_catalog.int8, settled pg_catalog.int8)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__check_queue(queue);
     RETURN QUERY
@@ -339,7 +516,7 @@ CREATE OR REPLACE FUNCTION inbox_blocked_groups(queue pg_catalog.regclass, max p
 RETURNS TABLE(group_key pg_catalog.text, waiting pg_catalog.int8, head_id pg_catalog.int8,
               head_state pg_catalog.text, head_attempt pg_catalog.int4, head_due pg_catalog.timestamptz,
               head_last_error pg_catalog.text)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     now constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
@@ -380,7 +557,7 @@ COMMENT ON FUNCTION inbox_blocked_groups(pg_catalog.regclass, pg_catalog.int4) I
 -- before its first ANALYZE) and its size on disk, indexes included; partitions are summed.
 CREATE OR REPLACE FUNCTION inbox_ledgers()
 RETURNS TABLE(ledger pg_catalog.regclass, keys_estimate pg_catalog.int8, bytes pg_catalog.int8)
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT
 BEGIN ATOMIC
     SELECT c.oid::pg_catalog.regclass,
            (SELECT CASE WHEN pg_catalog.bool_or(p.reltuples OPERATOR(pg_catalog.>=) 0)
@@ -422,7 +599,7 @@ CREATE OR REPLACE FUNCTION inbox_act_on_matching(queue pg_catalog.regclass, acti
                                                  key pg_catalog.text DEFAULT NULL,
                                                  max pg_catalog.int4 DEFAULT 1000)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     now constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     filter pg_catalog.text;
@@ -470,7 +647,7 @@ COMMENT ON FUNCTION inbox_act_on_matching(pg_catalog.regclass, pg_catalog.text, 
 -- ('t' a reference table), both NULL where Citus is not installed or does not distribute it.
 CREATE OR REPLACE FUNCTION inbox__citus_placement(tbl pg_catalog.regclass, OUT method pg_catalog.text,
                                                   OUT replication pg_catalog.text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
         RETURN;
@@ -490,7 +667,7 @@ COMMENT ON FUNCTION inbox__citus_placement(pg_catalog.regclass) IS
 -- colocate with; without one it leaves `tbl` alone (inbox__citus_check then says what to do). A
 -- no-op without Citus, or outside a distributed schema.
 CREATE OR REPLACE FUNCTION inbox__citus_join_tenant(tbl pg_catalog.regclass) RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     neighbour pg_catalog.regclass;
 BEGIN
@@ -518,7 +695,7 @@ COMMENT ON FUNCTION inbox__citus_join_tenant(pg_catalog.regclass) IS
 -- Raises 0A000 unless `tbl`, a `kind` ('queue' or 'ledger'), is placed as above. Called where a
 -- queue or a ledger is created, and by the pgrx build where it first reads a table's shape.
 CREATE OR REPLACE FUNCTION inbox__citus_check(tbl pg_catalog.regclass, kind pg_catalog.text) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     method pg_catalog.text;
     replication pg_catalog.text;
@@ -563,7 +740,7 @@ COMMENT ON FUNCTION inbox__citus_check(pg_catalog.regclass, pg_catalog.text) IS
 -- Citus cannot plan across shards (a ctid is unique only within its shard). Each shard is a
 -- plain table on its node, where inbox_purge runs.
 CREATE OR REPLACE FUNCTION inbox__citus_check_purge(ledger pg_catalog.regclass) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     method pg_catalog.text;
 BEGIN
@@ -585,7 +762,7 @@ COMMENT ON FUNCTION inbox__citus_check_purge(pg_catalog.regclass) IS
 -- node, so a settlement would write two nodes, which Citus commits without two-phase commit when
 -- one of them holds only local tables (not atomically).
 CREATE OR REPLACE FUNCTION inbox__citus_check_local(queue pg_catalog.regclass, what pg_catalog.text) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF (inbox__citus_placement(queue)).method IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',
@@ -671,7 +848,7 @@ CREATE POLICY inbox_queue_controls_remove ON inbox_queue_controls FOR DELETE
 -- DISCARD ALL (a pooler's reset), or a rolled-back first use, costs one PREPARE, never an error.
 CREATE OR REPLACE FUNCTION inbox__prepared(statement pg_catalog.text, types pg_catalog.text)
 RETURNS pg_catalog.text
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     statement_name pg_catalog.text := 'inbox_' OPERATOR(pg_catalog.||)
         pg_catalog.md5(types OPERATOR(pg_catalog.||) ';' OPERATOR(pg_catalog.||) statement);
@@ -688,7 +865,7 @@ COMMENT ON FUNCTION inbox__prepared(pg_catalog.text, pg_catalog.text) IS
 
 -- Raises 22004 for NULL, 42703 unless `queue` has the columns every queue has (a lease's).
 CREATE OR REPLACE FUNCTION inbox__check_queue(queue pg_catalog.regclass) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     missing pg_catalog.name;
 BEGIN
@@ -712,7 +889,7 @@ COMMENT ON FUNCTION inbox__check_queue(pg_catalog.regclass) IS
 -- DROP; the SQL-only build installed without a superuser has none, and a row left behind could
 -- pause a new table that reused the oid. Each pause and resume runs it.
 CREATE OR REPLACE FUNCTION inbox__drop_orphan_controls() RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     DELETE FROM inbox_queue_controls c
      WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class r
@@ -727,7 +904,7 @@ COMMENT ON FUNCTION inbox__drop_orphan_controls() IS
 
 -- Pauses `queue` once the caller's transaction commits; whether it was running.
 CREATE OR REPLACE FUNCTION inbox_pause(queue pg_catalog.regclass) RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     paused pg_catalog.bool;
 BEGIN
@@ -747,7 +924,7 @@ COMMENT ON FUNCTION inbox_pause(pg_catalog.regclass) IS
 -- Resumes `queue` once the caller's transaction commits, waking its sleeping workers; whether it
 -- was paused.
 CREATE OR REPLACE FUNCTION inbox_resume(queue pg_catalog.regclass) RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     resumed pg_catalog.bool;
 BEGIN
@@ -767,7 +944,7 @@ COMMENT ON FUNCTION inbox_resume(pg_catalog.regclass) IS
 
 -- Since when `queue` is paused, as the latest committed state shows it (NULL while it runs).
 CREATE OR REPLACE FUNCTION inbox_paused_since(queue pg_catalog.regclass) RETURNS pg_catalog.timestamptz
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN (SELECT c.paused_at FROM inbox_queue_controls c
              WHERE c.queue = inbox_paused_since.queue);
@@ -783,7 +960,7 @@ COMMENT ON FUNCTION inbox_paused_since(pg_catalog.regclass) IS
 -- held by an inbox_lock transaction is cancelled when that transaction ends, unless it acked
 -- it. Whether it cancelled the job: false when it is gone or dead already.
 CREATE OR REPLACE FUNCTION inbox_cancel(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     job record;
     applied pg_catalog.int8;
@@ -832,7 +1009,7 @@ CREATE OR REPLACE FUNCTION inbox_snooze(queue pg_catalog.regclass, id pg_catalog
                                         token pg_catalog.int8,
                                         delay pg_catalog.interval DEFAULT '0 seconds')
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__check_queue(queue);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
@@ -866,7 +1043,7 @@ COMMENT ON FUNCTION inbox_snooze(pg_catalog.regclass, pg_catalog.int8, pg_catalo
 -- Enqueues name the same predicate in their ON CONFLICT clause (inbox__key_predicate), so that
 -- the partial index is inferred; it is spelled with pg_catalog's operators, whatever the path.
 CREATE OR REPLACE FUNCTION inbox__key_predicate(queue pg_catalog.regclass) RETURNS pg_catalog.text
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT
 BEGIN ATOMIC
     SELECT CASE (SELECT c.unique_until FROM inbox_queue_controls c WHERE c.queue = $1)
                WHEN 'finished' THEN 'key IS NOT NULL AND dead_at IS NULL'
@@ -881,7 +1058,7 @@ END;
 -- would refuse make it fail with 23505, changing nothing.
 CREATE OR REPLACE FUNCTION inbox_set_unique(queue pg_catalog.regclass, until pg_catalog.text)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     old pg_catalog.regclass;
 BEGIN
@@ -926,7 +1103,7 @@ COMMENT ON FUNCTION inbox_set_unique(pg_catalog.regclass, pg_catalog.text) IS
 
 -- Until when the keys of `queue` stay unique: 'acked', 'finished' or 'started'.
 CREATE OR REPLACE FUNCTION inbox_unique_until(queue pg_catalog.regclass) RETURNS pg_catalog.text
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__check_queue(queue);
     RETURN COALESCE((SELECT c.unique_until FROM inbox_queue_controls c
@@ -935,6 +1112,152 @@ END
 $$;
 COMMENT ON FUNCTION inbox_unique_until(pg_catalog.regclass) IS
     'Until when a job''s key stays unique: acked, finished or started.';
+
+-- ---- sql/shared/dead_letters.sql ----
+
+-- Dead letters (docs/sql-api.md, "Dead letters"): list dead jobs, run them again, or delete them,
+-- written once for both builds. Statements are built per call from the queue's checked shape
+-- (shape.sql): an operator calls these now and then, not once per job.
+--
+-- A dead job stays in its queue with locked_until = 'infinity' (and, where the table has the
+-- column, the time it died in dead_at). A requeued job runs again from its first attempt, its
+-- last_error kept; one of a group goes back to waiting, and is promoted if its group has no head
+-- (inbox__groups_settled: groups.rs in the pgrx build, sql/sql-only/25-groups.sql in the other).
+--
+-- References to the extension's own objects are written name (see outbox.sql).
+
+-- The SET list of a requeue ($2 now).
+CREATE OR REPLACE FUNCTION inbox__requeue_set(shape inbox__queue_shape) RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
+RETURN 'attempt = 0'
+    || CASE WHEN shape.groups
+            THEN ', locked_until = CASE WHEN group_key IS NULL THEN $2 ELSE ''infinity'' END, dead_at = NULL'
+            ELSE ', locked_until = $2' || CASE WHEN shape.has_dead_at THEN ', dead_at = NULL' ELSE '' END END
+    || CASE WHEN shape.has_leased_at THEN ', leased_at = NULL' ELSE '' END;
+
+CREATE OR REPLACE FUNCTION inbox__requeued_group(shape inbox__queue_shape) RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
+RETURN CASE WHEN shape.groups THEN ' RETURNING group_key' ELSE ' RETURNING NULL::pg_catalog.text' END;
+
+-- Dead jobs, oldest first.
+CREATE OR REPLACE FUNCTION inbox__dead_order(shape inbox__queue_shape) RETURNS pg_catalog.text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
+RETURN CASE WHEN shape.has_dead_at THEN 'dead_at, id' ELSE 'id' END;
+
+-- Runs dead job `id` again: due now, its attempts counted from zero. False when the job is not
+-- dead (or not there).
+CREATE OR REPLACE FUNCTION inbox_requeue(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    shape inbox__queue_shape;
+    requeued bigint;
+    groups text[];
+BEGIN
+    PERFORM inbox__required(queue, 'queue');
+    PERFORM inbox__required(id, 'id');
+    shape := inbox__queue_shape(queue);
+    EXECUTE format(
+        'WITH requeued AS (UPDATE %s SET %s WHERE id = $1 AND %s%s) '
+        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
+        shape.table_sql, inbox__requeue_set(shape), shape.dead_predicate,
+        inbox__requeued_group(shape))
+      INTO requeued, groups USING id, clock_timestamp();
+    IF groups IS NOT NULL THEN
+        PERFORM inbox__groups_settled(queue, groups);
+    END IF;
+    RETURN requeued = 1;
+END
+$$;
+COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
+    'Runs a dead job again from its first attempt; false when it is not dead.';
+
+-- Runs all dead jobs again (or the `max` oldest); returns how many.
+CREATE OR REPLACE FUNCTION inbox_requeue_dead(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    shape inbox__queue_shape;
+    requeued bigint;
+    groups text[];
+BEGIN
+    PERFORM inbox__required(queue, 'queue');
+    IF max < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
+    END IF;
+    shape := inbox__queue_shape(queue);
+    -- Skips dead jobs that another transaction is requeueing or discarding.
+    EXECUTE format(
+        'WITH requeued AS (UPDATE %1$s SET %2$s '
+        '  WHERE id = ANY (ARRAY(SELECT id FROM %1$s WHERE %3$s ORDER BY %4$s LIMIT $1 '
+        '                        FOR UPDATE SKIP LOCKED)) '
+        '    AND %3$s%5$s) '
+        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
+        shape.table_sql, inbox__requeue_set(shape), shape.dead_predicate,
+        inbox__dead_order(shape), inbox__requeued_group(shape))
+      INTO requeued, groups USING max::int8, clock_timestamp();
+    IF groups IS NOT NULL THEN
+        PERFORM inbox__groups_settled(queue, groups);
+    END IF;
+    RETURN requeued;
+END
+$$;
+COMMENT ON FUNCTION inbox_requeue_dead(pg_catalog.regclass, pg_catalog.int4) IS
+    'Runs the dead jobs again (all, or the max oldest); returns how many.';
+
+-- Deletes dead job `id`; false when the job is not dead (or not there).
+CREATE OR REPLACE FUNCTION inbox_discard(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    shape inbox__queue_shape;
+    discarded bigint;
+BEGIN
+    PERFORM inbox__required(queue, 'queue');
+    PERFORM inbox__required(id, 'id');
+    shape := inbox__queue_shape(queue);
+    EXECUTE format('DELETE FROM %s WHERE id = $1 AND %s', shape.table_sql, shape.dead_predicate)
+      USING id;
+    GET DIAGNOSTICS discarded = ROW_COUNT;
+    RETURN discarded = 1;
+END
+$$;
+COMMENT ON FUNCTION inbox_discard(pg_catalog.regclass, pg_catalog.int8) IS
+    'Deletes a dead job; false when it is not dead.';
+
+-- The body of inbox_dead_jobs. Volatile, so that its statement reads the latest committed state
+-- with a snapshot of its own, as the job path's statements do.
+CREATE OR REPLACE FUNCTION inbox__dead_jobs(queue pg_catalog.regclass, max pg_catalog.int4)
+RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, last_error pg_catalog.text,
+              dead_at pg_catalog.timestamptz, payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    shape inbox__queue_shape;
+BEGIN
+    PERFORM inbox__required(queue, 'queue');
+    IF inbox__required(max, 'max') < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
+    END IF;
+    shape := inbox__queue_shape(queue);
+    RETURN QUERY EXECUTE format(
+        'SELECT id::int8, attempt::int4, %s, %s, %s FROM %s WHERE %s ORDER BY %s LIMIT $1',
+        CASE WHEN shape.has_last_error THEN 'last_error::text' ELSE 'NULL::text' END,
+        CASE WHEN shape.has_dead_at THEN 'dead_at' ELSE 'NULL::timestamptz' END,
+        CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END,
+        shape.table_sql, shape.dead_predicate, inbox__dead_order(shape))
+      USING max;
+END
+$$;
+
+-- Up to `max` dead jobs, oldest first.
+CREATE OR REPLACE FUNCTION inbox_dead_jobs(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT 100)
+RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, last_error pg_catalog.text,
+              dead_at pg_catalog.timestamptz, payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea)
+LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM inbox__dead_jobs(queue, max);
+END
+$$;
+COMMENT ON FUNCTION inbox_dead_jobs(pg_catalog.regclass, pg_catalog.int4) IS
+    'Up to max dead jobs of the queue, oldest first.';
 
 -- ---- sql/shared/limits.sql ----
 
@@ -1013,7 +1336,7 @@ CREATE POLICY inbox_queue_slots_remove ON inbox_queue_slots FOR DELETE
 -- job still holds the lease it was given with.
 CREATE OR REPLACE FUNCTION inbox__slot_busy(queue pg_catalog.regclass, s pg_catalog.text)
 RETURNS pg_catalog.text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN pg_catalog.format(
     'EXISTS (SELECT FROM %1$s q WHERE q.id OPERATOR(pg_catalog.=) %2$s.job '
     '   AND q.attempt OPERATOR(pg_catalog.=) %2$s.token AND q.leased_at IS NOT NULL '
@@ -1024,7 +1347,7 @@ RETURN pg_catalog.format(
 -- Raises 22004 for NULL, 42703 unless `queue` is a queue that records its leases (leased_at),
 -- which a concurrency slot reads.
 CREATE OR REPLACE FUNCTION inbox__check_limited_queue(queue pg_catalog.regclass) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__check_queue(queue);
     PERFORM inbox__citus_check_local(queue, 'limits');
@@ -1047,7 +1370,7 @@ $$;
 CREATE OR REPLACE FUNCTION inbox__key_sql(queue pg_catalog.regclass, per_key pg_catalog.text,
                                           OUT key pg_catalog.text, OUT due pg_catalog.text,
                                           OUT rank pg_catalog.text, OUT index pg_catalog.text)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     finite constant pg_catalog.text := 'locked_until OPERATOR(pg_catalog.<) ''infinity''::pg_catalog.timestamptz';
     nullable pg_catalog.bool;
@@ -1080,7 +1403,7 @@ DROP FUNCTION IF EXISTS inbox_set_concurrency(pg_catalog.regclass, pg_catalog.in
 CREATE OR REPLACE FUNCTION inbox_set_concurrency(queue pg_catalog.regclass, n pg_catalog.int4,
                                                  per_key pg_catalog.text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     slot_kind constant "char" := CASE WHEN per_key IS NULL THEN 'c' ELSE 'k' END;
     field pg_catalog.text;
@@ -1156,7 +1479,7 @@ COMMENT ON FUNCTION inbox_set_concurrency(pg_catalog.regclass, pg_catalog.int4, 
 CREATE OR REPLACE FUNCTION inbox_set_rate_limit(queue pg_catalog.regclass, n pg_catalog.int4,
                                                 per pg_catalog.interval DEFAULT '1 second')
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__check_limited_queue(queue);
     IF n < 1 OR n > 10000 THEN
@@ -1200,7 +1523,7 @@ RETURNS TABLE(concurrency pg_catalog.int4, running pg_catalog.int8, rate_limit p
               rate_period pg_catalog.interval, recent_starts pg_catalog.int8,
               key_concurrency pg_catalog.int4, per_key pg_catalog.text,
               keys_running pg_catalog.int8, most_running_per_key pg_catalog.int8)
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
@@ -1241,7 +1564,7 @@ COMMENT ON FUNCTION inbox_limits(pg_catalog.regclass) IS
 -- $5 the slots the take has already. In the index's order, so that the scan stops at the first
 -- free ones: the busy slots it passes are at most the jobs running.
 CREATE OR REPLACE FUNCTION inbox__free_slots(queue pg_catalog.regclass) RETURNS pg_catalog.text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN pg_catalog.format(
     'SELECT pg_catalog.array_agg(f.slot) FROM ( '
     '  SELECT s.slot FROM inbox_queue_slots s '
@@ -1263,7 +1586,7 @@ CREATE OR REPLACE FUNCTION inbox__still_free(queue pg_catalog.regclass, kind "ch
                                              keys pg_catalog.text[], slots pg_catalog.int4[],
                                              at pg_catalog.timestamptz)
 RETURNS TABLE(key pg_catalog.text, slot pg_catalog.int4)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     free_keys pg_catalog.text[];
@@ -1300,7 +1623,7 @@ $$;
 -- loose scan of the key index (inbox__key_sql), one probe per key that has due jobs.
 CREATE OR REPLACE FUNCTION inbox__key_turns(queue pg_catalog.regclass, per_key pg_catalog.text)
 RETURNS pg_catalog.text
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     sql record := inbox__key_sql(queue, per_key);
 BEGIN
@@ -1330,7 +1653,7 @@ CREATE OR REPLACE FUNCTION inbox__take_limited(queue pg_catalog.regclass, max pg
                                                lease pg_catalog.interval)
 RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, token pg_catalog.int8,
               payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea, timeout pg_catalog.interval)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
 -- Its statements, and inbox__still_free's, keep to their generic plans, planned once per session:
 -- each finds its rows by key, and the custom plans the plan cache kept choosing were planned
 -- again at every take (a fifth of a take's time, measured).
@@ -1566,7 +1889,7 @@ COMMENT ON FUNCTION inbox__take_limited(pg_catalog.regclass, pg_catalog.int4, pg
 -- question: a worker sleeps rather than polls a queue whose limits are full). Reads without
 -- locking: a slot another take has just locked may look free, and that worker looks once more.
 CREATE OR REPLACE FUNCTION inbox__limits_allow(queue pg_catalog.regclass) RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     limits record;
@@ -1612,6 +1935,212 @@ END
 $$;
 COMMENT ON FUNCTION inbox__limits_allow(pg_catalog.regclass) IS
     'Whether the queue''s limits would let a job start now.';
+
+-- ---- sql/shared/observe.sql ----
+
+-- What operators and exporters read (docs/sql-api.md, "Observability"): every queue with its
+-- counts and ages (inbox_queues, inbox_metrics) and one queue's jobs by state (inbox_jobs),
+-- written once for both builds. Statements are built per call from the queues' checked shapes
+-- (shape.sql): an exporter calls these every few seconds, not once per job.
+--
+-- References to the extension's own objects are written name (see outbox.sql).
+
+-- The conditions that tell a queue's states apart, $1 being now, as inbox_stats counts them: a job
+-- waiting behind its group's head is delayed. Unlike the shape's dead_predicate, `dead_at` alone
+-- (without group_key) already decides which 'infinity' rows are dead here.
+CREATE OR REPLACE FUNCTION inbox__observed_states(
+    shape inbox__queue_shape,
+    OUT ready text, OUT delayed text, OUT leased text, OUT dead text)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    timed constant text := '(locked_until > $1 AND locked_until < ''infinity'')';
+    delivered text;
+    in_group text;
+BEGIN
+    ready := CASE WHEN shape.nullable_locked_until
+                  THEN '(locked_until IS NULL OR locked_until <= $1)'
+                  ELSE 'locked_until <= $1' END;
+    -- Without leased_at a delivered job waiting for its locked_until counts as leased.
+    delivered := CASE WHEN shape.has_leased_at THEN 'leased_at IS NOT NULL' ELSE 'attempt > 0' END;
+    dead := CASE WHEN shape.has_dead_at
+                 THEN '(locked_until = ''infinity'' AND dead_at IS NOT NULL)'
+                 ELSE 'locked_until = ''infinity''' END;
+    in_group := CASE WHEN shape.has_dead_at AND shape.has_group_key
+                     THEN '(locked_until = ''infinity'' AND dead_at IS NULL)'
+                     ELSE 'false' END;
+    delayed := format('((%s AND NOT (%s)) OR %s)', timed, delivered, in_group);
+    leased := format('(%s AND %s)', timed, delivered);
+END
+$function$;
+
+-- Seconds of an interval, months counted as 30 days, in the order of floating-point operations
+-- that inbox_metrics of the pgrx build uses (so both give the same double).
+CREATE OR REPLACE FUNCTION inbox__interval_seconds(span interval)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path FROM CURRENT
+RETURN (extract(year FROM span) * 12 + extract(month FROM span))::double precision
+           * 30.0::double precision * 86400.0::double precision
+       + extract(day FROM span)::double precision * 86400.0::double precision
+       + (extract(hour FROM span) * 3600000000 + extract(minute FROM span) * 60000000
+          + extract(microseconds FROM span))::bigint::double precision
+           / 1000000.0::double precision;
+
+-- Every table of queue shape that the caller may read, by schema and name, with its counts and
+-- ages. Each is locked ACCESS SHARE (as a query of it would be) without waiting: a table another
+-- transaction holds ACCESS EXCLUSIVE (DROP, ALTER, TRUNCATE, VACUUM FULL), or one dropped since
+-- it was listed, is left out of this call so that a migration never stalls monitoring.
+CREATE OR REPLACE FUNCTION inbox__every_queue()
+RETURNS TABLE (queue regclass, queue_name text, ready bigint, delayed bigint, leased bigint,
+               dead bigint, oldest_ready_age interval, oldest_lease_age interval,
+               records_leases boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    candidate record;
+    shape inbox__queue_shape;
+    states record;
+BEGIN
+    FOR candidate IN
+        SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name
+          FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+           AND n.nspname <> 'information_schema' AND n.nspname !~ '^pg_(catalog|toast)'
+           AND NOT pg_is_other_temp_schema(n.oid)
+           AND has_schema_privilege(n.oid, 'USAGE')
+           AND has_table_privilege(c.oid, 'SELECT')
+           AND 4 = (SELECT count(*) FROM pg_attribute a
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND ((a.attname IN ('id', 'attempt')
+                             AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))
+                         OR (a.attname = 'locked_until' AND a.atttypid = 'timestamptz'::regtype)
+                         OR (a.attname = 'payload'
+                             AND a.atttypid IN ('jsonb'::regtype, 'bytea'::regtype))))
+           AND NOT EXISTS (SELECT FROM pg_attribute a
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND ((a.attname IN ('key', 'last_error', 'group_key')
+                             AND a.atttypid NOT IN ('text'::regtype, 'varchar'::regtype))
+                         OR (a.attname IN ('leased_at', 'dead_at', 'run_at')
+                             AND a.atttypid <> 'timestamptz'::regtype)
+                         OR (a.attname = 'priority'
+                             AND a.atttypid NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))
+                         -- An outbox is shaped like a queue; its ordering_key tells it apart.
+                         OR a.attname = 'ordering_key'))
+         ORDER BY n.nspname, c.relname
+    LOOP
+        BEGIN
+            -- ONLY: the partitions are locked by the count itself, as any query would.
+            EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE NOWAIT', candidate.name);
+        EXCEPTION WHEN lock_not_available OR undefined_table OR invalid_schema_name THEN
+            CONTINUE;
+        END;
+        -- Dropped (or renamed, and its name taken) between the listing and the lock.
+        CONTINUE WHEN to_regclass(candidate.name) IS DISTINCT FROM candidate.oid::regclass;
+        shape := inbox__queue_shape(candidate.oid::regclass);
+        states := inbox__observed_states(shape);
+        queue := candidate.oid::regclass;
+        queue_name := candidate.name;
+        records_leases := shape.has_leased_at;
+        EXECUTE format(
+            'SELECT count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s), '
+            '       count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s), '
+            '       $1 - min(locked_until) FILTER (WHERE locked_until <= $1), %s FROM %s',
+            states.ready, states.delayed, states.leased, states.dead,
+            CASE WHEN shape.has_leased_at
+                 THEN format('$1 - min(leased_at) FILTER (WHERE %s)', states.leased)
+                 ELSE 'NULL::interval' END,
+            shape.table_sql)
+          INTO ready, delayed, leased, dead, oldest_ready_age, oldest_lease_age
+          USING clock_timestamp();
+        RETURN NEXT;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_queues()
+RETURNS TABLE (queue regclass, ready bigint, delayed bigint, leased bigint, dead bigint,
+               oldest_ready_age interval, oldest_lease_age interval, paused bool)
+LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
+SET search_path FROM CURRENT
+AS $function$
+    SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age,
+           inbox_paused_since(q.queue) IS NOT NULL
+      FROM inbox__every_queue() q
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_metrics()
+RETURNS TABLE (queue text, ready bigint, delayed bigint, leased bigint, dead bigint,
+               oldest_ready_age_seconds double precision,
+               oldest_lease_age_seconds double precision, paused bool)
+LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
+SET search_path FROM CURRENT
+AS $function$
+    SELECT q.queue_name, q.ready, q.delayed, q.leased, q.dead,
+           coalesce(inbox__interval_seconds(q.oldest_ready_age), 0),
+           CASE WHEN q.records_leases
+                THEN coalesce(inbox__interval_seconds(q.oldest_lease_age), 0) END,
+           inbox_paused_since(q.queue) IS NOT NULL
+      FROM inbox__every_queue() q
+$function$;
+
+-- inbox_jobs's body: PL/pgSQL cannot name an argument and a result column both `state`.
+-- Installed by an earlier version: without the column progress.
+DROP FUNCTION IF EXISTS inbox_jobs(regclass, text, int);
+DROP FUNCTION IF EXISTS inbox__jobs(regclass, text, int);
+CREATE OR REPLACE FUNCTION inbox__jobs(queue regclass, wanted text, max int)
+RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
+               payload jsonb, payload_bytes bytea, progress jsonb)
+LANGUAGE plpgsql STABLE
+SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    shape inbox__queue_shape;
+    states record;
+    filter text;
+BEGIN
+    PERFORM inbox__required(queue, 'queue');
+    IF wanted IS NOT NULL AND wanted NOT IN ('ready', 'delayed', 'leased', 'dead') THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('unknown job state "%s": expected ready, delayed, leased or dead',
+                             wanted);
+    END IF;
+    IF inbox__required(max, 'max') < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'max must be at least 1';
+    END IF;
+    shape := inbox__queue_shape(queue);
+    states := inbox__observed_states(shape);
+    filter := CASE wanted WHEN 'ready' THEN states.ready WHEN 'delayed' THEN states.delayed
+                         WHEN 'leased' THEN states.leased WHEN 'dead' THEN states.dead
+                         ELSE 'true' END;
+    RETURN QUERY EXECUTE format(
+        'SELECT id::int8, CASE WHEN %s THEN ''dead'' WHEN %s THEN ''ready'' '
+        '                      WHEN %s THEN ''leased'' ELSE ''delayed'' END, '
+        '       attempt::int4, locked_until, %s, %s, '
+        '       NULLIF(pg_catalog.to_jsonb(q) OPERATOR(pg_catalog.->) ''progress'', '
+        '                         ''null''::pg_catalog.jsonb) '
+        '  FROM %s AS q WHERE %s ORDER BY locked_until%s, id LIMIT $2',
+        states.dead, states.ready, states.leased,
+        CASE WHEN shape.has_last_error THEN 'last_error::text' ELSE 'NULL::text' END,
+        CASE shape.payload WHEN 'bytea' THEN 'NULL::jsonb, payload' ELSE 'payload, NULL::bytea' END,
+        shape.table_sql, filter,
+        CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END)
+      USING clock_timestamp(), max::bigint;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION inbox_jobs(queue regclass, state text DEFAULT NULL, max int DEFAULT 100)
+RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
+               payload jsonb, payload_bytes bytea, progress jsonb)
+LANGUAGE sql STABLE PARALLEL UNSAFE
+SET search_path FROM CURRENT
+AS $function$
+    SELECT * FROM inbox__jobs(queue, state, max)
+$function$;
 
 -- ---- sql/shared/outbox.sql ----
 
@@ -1786,7 +2315,7 @@ COMMENT ON FUNCTION inbox_create_outbox(pg_catalog.text) IS
 
 -- Raises 22004 naming the argument unless `value` is given (both builds' functions check with it).
 CREATE OR REPLACE FUNCTION inbox__required(value anyelement, argument pg_catalog.text) RETURNS anyelement
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF value IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
@@ -1806,7 +2335,7 @@ CREATE OR REPLACE FUNCTION inbox_relay_claim(outbox pg_catalog.regclass, relay p
 RETURNS TABLE(id pg_catalog.int8, token pg_catalog.int8, attempt pg_catalog.int4, subject pg_catalog.text,
               key pg_catalog.text, payload pg_catalog.bytea, headers pg_catalog.jsonb,
               published_at pg_catalog.timestamptz)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -1893,7 +2422,7 @@ COMMENT ON FUNCTION inbox_relay_claim(pg_catalog.regclass, pg_catalog.text, pg_c
 CREATE OR REPLACE FUNCTION inbox_relay_lease(outbox pg_catalog.regclass)
 RETURNS TABLE(relay pg_catalog.text, token pg_catalog.int8, leased_until pg_catalog.timestamptz,
               since pg_catalog.timestamptz)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM inbox__required(outbox, 'outbox');
@@ -1908,7 +2437,7 @@ COMMENT ON FUNCTION inbox_relay_lease(pg_catalog.regclass) IS
 -- after a settlement took its key's head away. One index probe per key.
 CREATE OR REPLACE FUNCTION inbox__outbox_promote(outbox pg_catalog.regclass, keys pg_catalog.text[])
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF keys IS NULL OR pg_catalog.cardinality(keys) = 0 THEN
         RETURN;
@@ -1931,7 +2460,7 @@ COMMENT ON FUNCTION inbox__outbox_promote(pg_catalog.regclass, pg_catalog.text[]
 CREATE OR REPLACE FUNCTION inbox_relay_sent(outbox pg_catalog.regclass, token pg_catalog.int8,
                                             ids pg_catalog.int8[], duplicates pg_catalog.int4 DEFAULT 0)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     deleted pg_catalog.int8;
@@ -1969,7 +2498,7 @@ CREATE OR REPLACE FUNCTION inbox_relay_failed(outbox pg_catalog.regclass, token 
                                               max_attempts pg_catalog.int4 DEFAULT 10,
                                               delay pg_catalog.interval DEFAULT NULL)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     recorded pg_catalog.int8;
@@ -2023,7 +2552,7 @@ COMMENT ON FUNCTION inbox_relay_failed(pg_catalog.regclass, pg_catalog.int8, pg_
 -- at once, and the messages still claimed are due again. Whether the lease was this relay's.
 CREATE OR REPLACE FUNCTION inbox_relay_release(outbox pg_catalog.regclass, relay pg_catalog.text)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -2050,7 +2579,7 @@ COMMENT ON FUNCTION inbox_relay_release(pg_catalog.regclass, pg_catalog.text) IS
 CREATE OR REPLACE FUNCTION inbox__outbox_state(dead_at pg_catalog.timestamptz, leased_at pg_catalog.timestamptz,
                                               locked_until pg_catalog.timestamptz, at pg_catalog.timestamptz)
 RETURNS pg_catalog.text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN CASE WHEN dead_at IS NOT NULL THEN 'dead'
             WHEN locked_until OPERATOR(pg_catalog.<=) at
               OR locked_until OPERATOR(pg_catalog.=) 'infinity'::pg_catalog.timestamptz THEN 'pending'
@@ -2066,7 +2595,7 @@ CREATE OR REPLACE FUNCTION inbox__outbox_messages(outbox pg_catalog.regclass, wa
 RETURNS TABLE(id pg_catalog.int8, state pg_catalog.text, subject pg_catalog.text, key pg_catalog.text,
               attempt pg_catalog.int4, published_at pg_catalog.timestamptz, due pg_catalog.timestamptz,
               last_error pg_catalog.text, payload pg_catalog.bytea, headers pg_catalog.jsonb)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__required(outbox, 'outbox'),
             inbox__required(max, 'max');
@@ -2099,7 +2628,7 @@ CREATE OR REPLACE FUNCTION inbox_outbox_messages(outbox pg_catalog.regclass, sta
 RETURNS TABLE(id pg_catalog.int8, state pg_catalog.text, subject pg_catalog.text, key pg_catalog.text,
               attempt pg_catalog.int4, published_at pg_catalog.timestamptz, due pg_catalog.timestamptz,
               last_error pg_catalog.text, payload pg_catalog.bytea, headers pg_catalog.jsonb)
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT
 AS $$ SELECT * FROM inbox__outbox_messages(outbox, state, max) $$;
 SET LOCAL check_function_bodies = on;
 COMMENT ON FUNCTION inbox_outbox_messages(pg_catalog.regclass, pg_catalog.text, pg_catalog.int4) IS
@@ -2108,7 +2637,7 @@ COMMENT ON FUNCTION inbox_outbox_messages(pg_catalog.regclass, pg_catalog.text, 
 -- Sends dead message `id` again (its attempts counted from zero); whether it was dead.
 CREATE OR REPLACE FUNCTION inbox_outbox_requeue(outbox pg_catalog.regclass, id pg_catalog.int8)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     requeued pg_catalog.int8;
 BEGIN
@@ -2129,7 +2658,7 @@ COMMENT ON FUNCTION inbox_outbox_requeue(pg_catalog.regclass, pg_catalog.int8) I
 -- Sends the dead messages again, oldest first: all, or at most `max`; returns how many.
 CREATE OR REPLACE FUNCTION inbox_outbox_requeue_dead(outbox pg_catalog.regclass, max pg_catalog.int4 DEFAULT NULL)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     requeued pg_catalog.int8;
 BEGIN
@@ -2154,7 +2683,7 @@ COMMENT ON FUNCTION inbox_outbox_requeue_dead(pg_catalog.regclass, pg_catalog.in
 -- Deletes dead message `id`; whether it was dead.
 CREATE OR REPLACE FUNCTION inbox_outbox_discard(outbox pg_catalog.regclass, id pg_catalog.int8)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     discarded pg_catalog.int8;
 BEGIN
@@ -2174,7 +2703,7 @@ RETURNS TABLE(pending pg_catalog.int8, sending pg_catalog.int8, retrying pg_cata
               oldest_unsent_age pg_catalog.interval, sent pg_catalog.int8, duplicates pg_catalog.int8,
               failures pg_catalog.int8, relay pg_catalog.text, relay_lease_until pg_catalog.timestamptz,
               oldest_publisher_age pg_catalog.interval)
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -2213,7 +2742,7 @@ RETURNS TABLE(outbox pg_catalog.regclass, pending pg_catalog.int8, sending pg_ca
               dead pg_catalog.int8, oldest_unsent_age pg_catalog.interval, sent pg_catalog.int8,
               duplicates pg_catalog.int8, failures pg_catalog.int8, relay pg_catalog.text,
               relay_lease_until pg_catalog.timestamptz, oldest_publisher_age pg_catalog.interval)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 #variable_conflict use_column
 DECLARE
     candidate record;
@@ -2300,6 +2829,90 @@ CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
     USING (pg_catalog.has_table_privilege(queue, 'INSERT')
            OR NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = queue::pg_catalog.oid));
 
+-- ---- sql/shared/purge.sql ----
+
+-- The ledger's purges (docs/sql-api.md, "Dedup ledger" and "Observability"): delete the keys
+-- seen before a time in bounded batches, all of them or at most `max` per call (so that a caller
+-- committing each call never holds one long transaction). Written once for both builds.
+--
+-- References to the extension's own objects are written name (see outbox.sql).
+
+-- One bounded batch of a purge: the rows are found first, then deleted by ctid. Returns how many.
+CREATE OR REPLACE FUNCTION inbox__purge_batch(table_sql text, older_than timestamptz, batch bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    deleted bigint;
+BEGIN
+    EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
+                   ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
+      USING older_than, batch;
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$function$;
+
+-- Deletes the keys seen before `older_than`; returns how many.
+CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    batch_size constant bigint := 10000;
+    purged bigint := 0;
+    table_sql text;
+    deleted bigint;
+BEGIN
+    PERFORM inbox__required(ledger, 'ledger');
+    PERFORM inbox__finite_time(older_than, 'older_than');
+    table_sql := (inbox__ledger_shape(ledger)).table_sql;
+    PERFORM inbox__citus_check_purge(ledger);
+    LOOP
+        deleted := inbox__purge_batch(table_sql, older_than, batch_size);
+        purged := purged + deleted;
+        EXIT WHEN deleted < batch_size;
+    END LOOP;
+    RETURN purged;
+END
+$function$;
+
+-- The same, at most `max` keys.
+CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz, max bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path FROM CURRENT
+AS $function$
+DECLARE
+    batch_size constant bigint := 10000;
+    purged bigint := 0;
+    table_sql text;
+    batch bigint;
+    deleted bigint;
+BEGIN
+    PERFORM inbox__required(ledger, 'ledger');
+    IF NOT isfinite(inbox__required(older_than, 'older_than')) THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'older_than must be a finite timestamp';
+    END IF;
+    IF inbox__required(max, 'max') < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'max must be at least 1';
+    END IF;
+    table_sql := (inbox__ledger_shape(ledger)).table_sql;
+    PERFORM inbox__citus_check_purge(ledger);
+    WHILE purged < max LOOP
+        batch := least(max - purged, batch_size);
+        deleted := inbox__purge_batch(table_sql, older_than, batch);
+        purged := purged + deleted;
+        EXIT WHEN deleted < batch;
+    END LOOP;
+    RETURN purged;
+END
+$function$;
+
 -- ---- sql/shared/schedule_runs.sql ----
 
 -- When each schedule last fired, and running a schedule now, off its timetable: written once for
@@ -2321,7 +2934,7 @@ COMMENT ON COLUMN inbox_periodic_jobs.last_tick IS
 -- schedule.
 CREATE OR REPLACE FUNCTION inbox_run_schedule(queue pg_catalog.regclass, name pg_catalog.text)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     now constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     payload pg_catalog.jsonb;
@@ -2469,13 +3082,13 @@ DROP FUNCTION IF EXISTS inbox__batch_shards();
 
 -- How long a result is kept when the queue sets no retention (an ack with a result).
 CREATE OR REPLACE FUNCTION inbox__default_result_retention() RETURNS pg_catalog.interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN pg_catalog.interval '1 day';
 
 -- The channel a queue's settlements are announced on (what wakes a ResultWaiter): a succeeded job
 -- whose result is kept, or a job that died, with its id as the payload.
 CREATE OR REPLACE FUNCTION inbox_result_channel(queue pg_catalog.regclass) RETURNS pg_catalog.text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__required(queue, 'queue');
     RETURN 'inbox_done_' OPERATOR(pg_catalog.||) queue::pg_catalog.oid::pg_catalog.text;
@@ -2487,7 +3100,7 @@ COMMENT ON FUNCTION inbox_result_channel(pg_catalog.regclass) IS
 -- Whether `queue` has column `name`.
 CREATE OR REPLACE FUNCTION inbox__has_column(queue pg_catalog.regclass, name pg_catalog.text)
 RETURNS pg_catalog.bool
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN EXISTS (SELECT FROM pg_catalog.pg_attribute a
                 WHERE a.attrelid OPERATOR(pg_catalog.=) queue::pg_catalog.oid
                   AND a.attname OPERATOR(pg_catalog.=) name
@@ -2496,7 +3109,7 @@ RETURN EXISTS (SELECT FROM pg_catalog.pg_attribute a
 -- Raises 42703 unless `queue` can take part in workflows: without dead_at it cannot tell a
 -- waiting job from a dead one, without leased_at a lease from a lock.
 CREATE OR REPLACE FUNCTION inbox__check_workflow_columns(queue pg_catalog.regclass) RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     needed pg_catalog.text;
 BEGIN
@@ -2516,7 +3129,7 @@ COMMENT ON FUNCTION inbox__check_workflow_columns(pg_catalog.regclass) IS
 -- The purposes `queue`'s triggers serve (their arguments): 'dependencies' (its jobs are
 -- parents), 'batches' (batch members) and 'results' (it keeps results).
 CREATE OR REPLACE FUNCTION inbox__watched_for(queue pg_catalog.regclass) RETURNS pg_catalog.text[]
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN COALESCE((
     SELECT pg_catalog.array_remove(pg_catalog.string_to_array(
                pg_catalog.encode(t.tgargs, 'escape'), '\000'), '')
@@ -2527,7 +3140,7 @@ RETURN COALESCE((
 -- Makes `queue`'s triggers serve `purpose` too (see above), once. Creating them waits for the
 -- transactions that write the queue, and needs the TRIGGER right on it (its owner has it).
 CREATE OR REPLACE FUNCTION inbox__watch(queue pg_catalog.regclass, purpose pg_catalog.text) RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     purposes pg_catalog.text[];
     arguments pg_catalog.text;
@@ -2566,7 +3179,7 @@ COMMENT ON FUNCTION inbox__watch(pg_catalog.regclass, pg_catalog.text) IS
 -- The statement trigger of a watched queue's deletes: the rows of `settled` that were not dead
 -- were acked, so their jobs succeeded.
 CREATE OR REPLACE FUNCTION inbox__jobs_succeeded() RETURNS trigger
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     job_queue constant pg_catalog.regclass := TG_RELID::pg_catalog.regclass;
     released record;
@@ -2648,7 +3261,7 @@ COMMENT ON FUNCTION inbox__jobs_succeeded() IS
 
 -- The row trigger of a watched queue's deaths: job OLD.id was dead-lettered or cancelled.
 CREATE OR REPLACE FUNCTION inbox__job_died() RETURNS trigger
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF 'results' OPERATOR(pg_catalog.=) ANY (TG_ARGV) THEN
         PERFORM pg_catalog.pg_notify(inbox_result_channel(TG_RELID::pg_catalog.regclass),
@@ -2680,7 +3293,7 @@ COMMENT ON FUNCTION inbox__job_died() IS
 CREATE OR REPLACE FUNCTION inbox__members_settled(queue pg_catalog.regclass, ids pg_catalog.int8[],
                                                   members_succeeded pg_catalog.bool)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     settled pg_catalog.int8;
 BEGIN
@@ -2711,7 +3324,7 @@ COMMENT ON FUNCTION inbox__members_settled(pg_catalog.regclass, pg_catalog.int8[
 -- misread them. An unsealed batch is not locked: the seal, which waits for the members being
 -- settled, checks it then (inbox_batch_seal).
 CREATE OR REPLACE FUNCTION inbox__batch_check(batch pg_catalog.int8) RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     UPDATE inbox_batches b SET members = b.members
      WHERE b.id OPERATOR(pg_catalog.=) batch AND b.sealed_at IS NOT NULL AND b.finished_at IS NULL;
@@ -2732,7 +3345,7 @@ COMMENT ON FUNCTION inbox__batch_check(pg_catalog.int8) IS
 CREATE OR REPLACE FUNCTION inbox__enqueue_callback(batch pg_catalog.int8, queue pg_catalog.regclass,
                                                    payload pg_catalog.jsonb)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) queue::pg_catalog.oid) THEN
         RAISE WARNING USING MESSAGE = pg_catalog.format(
@@ -2748,7 +3361,7 @@ COMMENT ON FUNCTION inbox__enqueue_callback(pg_catalog.int8, pg_catalog.regclass
 -- Enqueues a finished batch's callbacks with its counts under the payload's "batch" key:
 -- on_complete always, on_failure too when a member died.
 CREATE OR REPLACE FUNCTION inbox__batch_finished(batch pg_catalog.int8) RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     b record;
     settled record;
@@ -2778,7 +3391,7 @@ COMMENT ON FUNCTION inbox__batch_finished(pg_catalog.int8) IS
 CREATE OR REPLACE FUNCTION inbox__check_callback(queue pg_catalog.regclass, payload pg_catalog.jsonb,
                                                  argument pg_catalog.text)
 RETURNS void
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF (queue IS NULL) OPERATOR(pg_catalog.<>) (payload IS NULL) THEN
         RAISE EXCEPTION USING ERRCODE = '22004',
@@ -2807,7 +3420,7 @@ COMMENT ON FUNCTION inbox__check_callback(pg_catalog.regclass, pg_catalog.jsonb,
 -- When job `id` of `queue` was enqueued (NULL when it is gone or the queue does not say).
 CREATE OR REPLACE FUNCTION inbox__enqueued_at(queue pg_catalog.regclass, id pg_catalog.int8)
 RETURNS pg_catalog.timestamptz
-LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     enqueued pg_catalog.timestamptz;
 BEGIN
@@ -2827,7 +3440,7 @@ COMMENT ON FUNCTION inbox__enqueued_at(pg_catalog.regclass, pg_catalog.int8) IS
 -- triggers (which locks the queue against its workers' writes for a moment, and needs the
 -- TRIGGER right).
 CREATE OR REPLACE FUNCTION inbox_enable_workflows(queue pg_catalog.regclass) RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__watch(queue, 'dependencies');
     PERFORM inbox__watch(queue, 'batches');
@@ -2842,7 +3455,7 @@ COMMENT ON FUNCTION inbox_enable_workflows(pg_catalog.regclass) IS
 -- that raced it, even in a REPEATABLE READ transaction, waits and then sees the dependant.
 CREATE OR REPLACE FUNCTION inbox__hold_parent(queue pg_catalog.regclass, id pg_catalog.int8)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     held pg_catalog.int8;
     sequence pg_catalog.text;
@@ -2880,7 +3493,7 @@ CREATE OR REPLACE FUNCTION inbox__enqueue_composed_once(queue pg_catalog.regclas
                                                    key pg_catalog.text, priority pg_catalog.int4,
                                                    timeout pg_catalog.interval)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     parent record;
     -- The parents still to succeed (a record array cannot be declared here: the SQL-only build
@@ -2955,7 +3568,7 @@ CREATE OR REPLACE FUNCTION inbox__composition_watches(queue pg_catalog.regclass,
                                                       depends_on inbox_job[],
                                                       batch pg_catalog.int8)
 RETURNS pg_catalog.bool
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN (batch IS NOT NULL
         AND NOT ('batches' OPERATOR(pg_catalog.=) ANY (inbox__watched_for(queue))))
     OR EXISTS (SELECT FROM pg_catalog.unnest(depends_on) AS p
@@ -2975,7 +3588,7 @@ CREATE OR REPLACE FUNCTION inbox__enqueue_composed(queue pg_catalog.regclass, pa
                                                    key pg_catalog.text, priority pg_catalog.int4,
                                                    timeout pg_catalog.interval)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF NOT inbox__composition_watches(queue, depends_on, batch) THEN
         RETURN inbox__enqueue_composed_once(queue, payload, depends_on, batch, run_at, key,
@@ -3008,7 +3621,7 @@ CREATE OR REPLACE FUNCTION inbox_enqueue_after(queue pg_catalog.regclass, payloa
                                                priority pg_catalog.int4 DEFAULT 0,
                                                timeout pg_catalog.interval DEFAULT NULL)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__required(depends_on, 'depends_on');
     RETURN inbox__enqueue_composed(queue, payload, depends_on, NULL, run_at, key, priority, timeout);
@@ -3021,7 +3634,7 @@ COMMENT ON FUNCTION inbox_enqueue_after(pg_catalog.regclass, pg_catalog.jsonb, i
 
 -- A job of a queue, for depends_on: inbox_job('orders', 42).
 CREATE OR REPLACE FUNCTION inbox_job(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS inbox_job
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN ROW(queue, id)::inbox_job;
 COMMENT ON FUNCTION inbox_job(pg_catalog.regclass, pg_catalog.int8) IS 'A job of a queue, for depends_on.';
 
@@ -3032,7 +3645,7 @@ CREATE OR REPLACE FUNCTION inbox_batch_open(on_complete_queue pg_catalog.regclas
                                             on_failure_queue pg_catalog.regclass DEFAULT NULL,
                                             on_failure pg_catalog.jsonb DEFAULT NULL)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     batch pg_catalog.int8;
 BEGIN
@@ -3050,7 +3663,7 @@ COMMENT ON FUNCTION inbox_batch_open(pg_catalog.regclass, pg_catalog.jsonb, pg_c
 -- The open batch `batch`, locked until the caller commits; 02000 when there is none, 55000 when
 -- it is sealed.
 CREATE OR REPLACE FUNCTION inbox__open_batch(batch pg_catalog.int8) RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     sealed pg_catalog.timestamptz;
 BEGIN
@@ -3077,7 +3690,7 @@ CREATE OR REPLACE FUNCTION inbox_batch_add(batch pg_catalog.int8, queue pg_catal
                                            priority pg_catalog.int4 DEFAULT 0,
                                            timeout pg_catalog.interval DEFAULT NULL)
 RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     -- Checked now, and again under the batch's lock (inbox__enqueue_composed).
     IF NOT EXISTS (SELECT FROM inbox_batches b
@@ -3094,7 +3707,7 @@ COMMENT ON FUNCTION inbox_batch_add(pg_catalog.int8, pg_catalog.regclass, pg_cat
 -- Seals `batch`: no member is added after it; when every member has settled already, its
 -- callbacks are enqueued in this transaction. Whether it was open.
 CREATE OR REPLACE FUNCTION inbox_batch_seal(batch pg_catalog.int8) RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__required(batch, 'batch');
     UPDATE inbox_batches b SET sealed_at = pg_catalog.clock_timestamp()
@@ -3122,7 +3735,7 @@ CREATE OR REPLACE FUNCTION inbox_batch(batch pg_catalog.int8)
 RETURNS TABLE(members pg_catalog.int4, succeeded pg_catalog.int4, died pg_catalog.int4,
               created_at pg_catalog.timestamptz, sealed_at pg_catalog.timestamptz,
               finished_at pg_catalog.timestamptz)
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN QUERY
         SELECT b.members, t.succeeded::pg_catalog.int4, t.died::pg_catalog.int4,
@@ -3140,7 +3753,7 @@ COMMENT ON FUNCTION inbox_batch(pg_catalog.int8) IS 'A batch''s member counts an
 -- A batch's members, how each settled and its kept result, by queue and id.
 CREATE OR REPLACE FUNCTION inbox_batch_members(batch pg_catalog.int8)
 RETURNS TABLE(queue pg_catalog.regclass, id pg_catalog.int8, outcome pg_catalog.text, result pg_catalog.jsonb)
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     RETURN QUERY
         SELECT m.queue, m.id, m.outcome, r.result
@@ -3157,7 +3770,7 @@ COMMENT ON FUNCTION inbox_batch_members(pg_catalog.int8) IS
 -- Keeps the succeeded jobs of `queue` with their results for `keep` (NULL keeps none, the default).
 CREATE OR REPLACE FUNCTION inbox_keep_results(queue pg_catalog.regclass, keep pg_catalog.interval)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM inbox__check_queue(queue);
     IF keep OPERATOR(pg_catalog.<=) pg_catalog.interval '0' THEN
@@ -3181,7 +3794,7 @@ COMMENT ON FUNCTION inbox_keep_results(pg_catalog.regclass, pg_catalog.interval)
 CREATE OR REPLACE FUNCTION inbox_set_result(queue pg_catalog.regclass, id pg_catalog.int8,
                                             token pg_catalog.int8, result pg_catalog.jsonb)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     held pg_catalog.int8;
 BEGIN
@@ -3208,7 +3821,7 @@ COMMENT ON FUNCTION inbox_set_result(pg_catalog.regclass, pg_catalog.int8, pg_ca
 CREATE OR REPLACE FUNCTION inbox__keep_result(queue pg_catalog.regclass, id pg_catalog.int8,
                                               token pg_catalog.int8, result pg_catalog.jsonb)
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     keep pg_catalog.interval;
 BEGIN
@@ -3233,7 +3846,7 @@ COMMENT ON FUNCTION inbox__keep_result(pg_catalog.regclass, pg_catalog.int8, pg_
 CREATE OR REPLACE FUNCTION inbox_ack_with_result(queue pg_catalog.regclass, id pg_catalog.int8,
                                                  token pg_catalog.int8, result pg_catalog.jsonb)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF NOT inbox_ack(queue, id, token) THEN
         RETURN false;
@@ -3253,7 +3866,7 @@ CREATE OR REPLACE FUNCTION inbox_result(queue pg_catalog.regclass, id pg_catalog
 RETURNS TABLE(state pg_catalog.text, attempt pg_catalog.int4, result pg_catalog.jsonb,
               last_error pg_catalog.text, finished_at pg_catalog.timestamptz,
               progress pg_catalog.jsonb)
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
     job pg_catalog.jsonb;
     locked_until pg_catalog.timestamptz;
@@ -3300,7 +3913,7 @@ COMMENT ON FUNCTION inbox_result(pg_catalog.regclass, pg_catalog.int8) IS
 -- Deletes up to `max` expired results, and batches finished over a day ago; how many rows it
 -- deleted. Bounded, so that a worker's upkeep can call it often.
 CREATE OR REPLACE FUNCTION inbox_purge_results(max pg_catalog.int4 DEFAULT 1000) RETURNS pg_catalog.int8
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     results pg_catalog.int8;
     batches pg_catalog.int8;
@@ -3331,7 +3944,7 @@ COMMENT ON FUNCTION inbox_purge_results(pg_catalog.int4) IS
 -- The most progress a delivery may record, in bytes of its JSON text: progress is a small note
 -- (a count, a percentage, a step), written again by every heartbeat that carries a change.
 CREATE OR REPLACE FUNCTION inbox__progress_max_bytes() RETURNS pg_catalog.int4
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN 8192;
 
 -- Records `progress` for the leased delivery `token` of job `id`, in the job's column progress,
@@ -3340,7 +3953,7 @@ RETURN 8192;
 CREATE OR REPLACE FUNCTION inbox_set_progress(queue pg_catalog.regclass, id pg_catalog.int8,
                                               token pg_catalog.int8, progress pg_catalog.jsonb)
 RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     applied pg_catalog.int8;
 BEGIN
@@ -3375,8 +3988,9 @@ COMMENT ON FUNCTION inbox_set_progress(pg_catalog.regclass, pg_catalog.int8, pg_
 
 -- ---- sql/sql-only/10-shape.sql ----
 
--- Table shapes and names: what shape.rs and names.rs check, with the same errors. Every other
--- file reads a table's columns through inbox__queue_shape / inbox__ledger_shape only.
+-- Names and the statements a session keeps: what names.rs checks, with the same errors, and the
+-- session's kept statements of the job path. Every file reads a table's columns through
+-- inbox__queue_shape / inbox__ledger_shape only (sql/shared/shape.sql, both builds).
 --
 -- Every function pins its search_path (SET search_path FROM CURRENT, made the catalog first at
 -- the end of the install), except the helpers that only the job path's functions call
@@ -3384,60 +3998,8 @@ COMMENT ON FUNCTION inbox_set_progress(pg_catalog.regclass, pg_catalog.int8, pg_
 -- checks, ...): they run on their caller's pinned path, since a SET clause costs each call a save
 -- and restore of the setting, a few microseconds of a claim's forty.
 
-DO $$
-DECLARE
-    field text;
-BEGIN
-    IF pg_catalog.to_regtype('inbox__queue_shape') IS NULL THEN
-        CREATE TYPE inbox__queue_shape AS (
-            table_sql text,
-            payload text,
-            nullable_locked_until bool,
-            has_key bool,
-            has_last_error bool,
-            has_leased_at bool,
-            has_priority bool,
-            has_group_key bool,
-            has_dead_at bool,
-            has_run_at bool,
-            groups bool,
-            dead_predicate text,
-            has_snoozes bool,
-            has_timeout bool,
-            has_errors bool
-        );
-    END IF;
-    -- Installed by an earlier version: the fields added since.
-    FOR field IN SELECT unnest(ARRAY['has_snoozes', 'has_timeout', 'has_errors']) LOOP
-        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
-                        WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
-                                           WHERE oid = pg_catalog.to_regtype('inbox__queue_shape'))
-                          AND attname = field AND NOT attisdropped) THEN
-            EXECUTE pg_catalog.format('ALTER TYPE inbox__queue_shape ADD ATTRIBUTE %I bool', field);
-        END IF;
-    END LOOP;
-    IF pg_catalog.to_regtype('inbox__ledger_shape') IS NULL THEN
-        CREATE TYPE inbox__ledger_shape AS (table_sql text);
-    END IF;
-END
-$$;
-
--- inbox__required (22004 naming the argument) is shared with the pgrx build: sql/shared/outbox.sql.
-
--- A required time that is finite (error.rs finite_time).
-CREATE OR REPLACE FUNCTION inbox__finite_time(value timestamptz, argument text) RETURNS timestamptz
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    IF value IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
-    END IF;
-    IF NOT isfinite(value) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must be a finite time, not %s',
-            argument, CASE WHEN value > 'epoch'::timestamptz THEN 'infinity' ELSE '-infinity' END);
-    END IF;
-    RETURN value;
-END
-$$;
+-- inbox__required (22004 naming the argument) is shared with the pgrx build: sql/shared/outbox.sql,
+-- and inbox__finite_time: sql/shared/shape.sql.
 
 -- Always double-quotes (names.rs quote_identifier).
 CREATE OR REPLACE FUNCTION inbox__quote_identifier(identifier text) RETURNS text
@@ -3527,116 +4089,6 @@ BEGIN
         END IF;
     END LOOP;
     RETURN array_to_string(ARRAY(SELECT inbox__quote_identifier(p) FROM unnest(parts) AS p), '.');
-END
-$$;
-
--- Reads the table's quoted name and the columns `names` (the first `required` of them required),
--- each checked to be of its kind: i an integer, x text, t timestamptz, p jsonb or bytea. Returns
--- the type of each column (NULL when absent) and whether it is NOT NULL. Raises as shape.rs:
--- 42P01 for an oid that is no table any more, 42809 for a relation that is not an ordinary or
--- partitioned table, 42703 for a missing column, 42804 for a mistyped one. One catalog query.
-CREATE OR REPLACE FUNCTION inbox__checked_columns(tab regclass, kind text, names text[], kinds text,
-                                                  required int, OUT table_sql text,
-                                                  OUT types oid[], OUT not_nulls bool[])
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    relkind text;
-    found_names text[];
-    found_types oid[];
-    found_not_nulls bool[];
-    accepted oid[];
-    at int;
-BEGIN
-    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname),
-           array_agg(a.attname::text), array_agg(a.atttypid), array_agg(a.attnotnull)
-      INTO relkind, table_sql, found_names, found_types, found_not_nulls
-      FROM pg_class c
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-      LEFT JOIN pg_attribute a
-             ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (names)
-     WHERE c.oid = tab
-     GROUP BY 1, 2;
-    IF relkind IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('no table with oid %s', tab::oid);
-    END IF;
-    IF relkind NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', table_sql);
-    END IF;
-    types := '{}';
-    not_nulls := '{}';
-    FOR i IN 1 .. cardinality(names) LOOP
-        at := array_position(found_names, names[i]);
-        IF at IS NULL THEN
-            IF i <= required THEN
-                RAISE EXCEPTION USING ERRCODE = '42703',
-                    MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, names[i]);
-            END IF;
-            types := types || NULL::oid;
-            not_nulls := not_nulls || false;
-            CONTINUE;
-        END IF;
-        accepted := CASE substr(kinds, i, 1)
-                        WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
-                        WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
-                        WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
-                        WHEN 'v' THEN '{1186}'::oid[]       -- interval
-                        WHEN 'j' THEN '{3802}'::oid[]       -- jsonb
-                        ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
-        IF NOT found_types[at] = ANY (accepted) THEN
-            RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
-                'column "%s" of %s table %s is of type %s, expected %s', names[i], kind, table_sql,
-                format_type(found_types[at], NULL),
-                array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
-        END IF;
-        types := types || found_types[at];
-        not_nulls := not_nulls || found_not_nulls[at];
-    END LOOP;
-END
-$$;
-
--- shape.rs QueueShape::load.
-CREATE OR REPLACE FUNCTION inbox__queue_shape(queue regclass) RETURNS inbox__queue_shape
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-DECLARE
-    t record;
-    shape inbox__queue_shape;
-BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
-    END IF;
-    t := inbox__checked_columns(queue, 'queue',
-        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout,errors}',
-        'iitpxxtixttivj', 4);
-    shape.table_sql := t.table_sql;
-    shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
-    shape.nullable_locked_until := NOT t.not_nulls[3];
-    shape.has_key := t.types[5] IS NOT NULL;
-    shape.has_last_error := t.types[6] IS NOT NULL;
-    shape.has_leased_at := t.types[7] IS NOT NULL;
-    shape.has_priority := t.types[8] IS NOT NULL;
-    shape.has_group_key := t.types[9] IS NOT NULL;
-    shape.has_dead_at := t.types[10] IS NOT NULL;
-    shape.has_run_at := t.types[11] IS NOT NULL;
-    shape.has_snoozes := t.types[12] IS NOT NULL;
-    shape.has_timeout := t.types[13] IS NOT NULL;
-    shape.has_errors := t.types[14] IS NOT NULL;
-    shape.groups := shape.has_group_key AND shape.has_dead_at;
-    -- Only where a job can also wait in its group does dead_at tell the two apart.
-    shape.dead_predicate := CASE WHEN shape.groups
-        THEN 'locked_until = ''infinity'' AND dead_at IS NOT NULL'
-        ELSE 'locked_until = ''infinity''' END;
-    RETURN shape;
-END
-$$;
-
--- shape.rs LedgerShape::load.
-CREATE OR REPLACE FUNCTION inbox__ledger_shape(ledger regclass) RETURNS inbox__ledger_shape
-LANGUAGE plpgsql STABLE SET search_path FROM CURRENT AS $$
-BEGIN
-    IF ledger IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ledger must not be NULL';
-    END IF;
-    RETURN ROW((inbox__checked_columns(ledger, 'ledger', '{event_key,seen_at}', 'xt', 2)).table_sql)::inbox__ledger_shape;
 END
 $$;
 
@@ -3949,6 +4401,15 @@ BEGIN
     ELSE
         PERFORM inbox__promote(shape, distinct_groups);
     END IF;
+END
+$$;
+
+-- The same, reading the queue's shape: what the dead letters' requeues call (both builds have it).
+CREATE OR REPLACE FUNCTION inbox__groups_settled(queue regclass, groups text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM inbox__groups_settled(queue, inbox__queue_shape(queue), groups);
 END
 $$;
 
@@ -4868,143 +5329,6 @@ BEGIN
         outbox, subject,
         pg_catalog.convert_to(inbox__required(payload, 'payload')::pg_catalog.text, 'UTF8'),
         key, headers);
-END
-$$;
-
-
--- ---- sql/sql-only/40-dead-letters.sql ----
-
--- Dead letters (dead_letters.rs): list dead jobs, run them again, or delete them.
-
--- The SET list of a requeue ($2 now): the job runs again from its first attempt, last_error kept;
--- a job of a group goes back to waiting (and is promoted if its group has no head).
-CREATE OR REPLACE FUNCTION inbox__requeue_set(shape inbox__queue_shape) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
-RETURN 'attempt = 0'
-    || CASE WHEN shape.groups
-            THEN ', locked_until = CASE WHEN group_key IS NULL THEN $2 ELSE ''infinity'' END, dead_at = NULL'
-            ELSE ', locked_until = $2' || CASE WHEN shape.has_dead_at THEN ', dead_at = NULL' ELSE '' END END
-    || CASE WHEN shape.has_leased_at THEN ', leased_at = NULL' ELSE '' END;
-
-CREATE OR REPLACE FUNCTION inbox__requeued_group(shape inbox__queue_shape) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
-RETURN CASE WHEN shape.groups THEN ' RETURNING group_key' ELSE ' RETURNING NULL::text' END;
-
--- Dead jobs, oldest first.
-CREATE OR REPLACE FUNCTION inbox__dead_order(shape inbox__queue_shape) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
-RETURN CASE WHEN shape.has_dead_at THEN 'dead_at, id' ELSE 'id' END;
-
-CREATE OR REPLACE FUNCTION inbox_requeue(queue regclass, id bigint) RETURNS bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    shape inbox__queue_shape;
-    requeued bigint;
-    groups text[];
-BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
-    END IF;
-    IF id IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'id must not be NULL';
-    END IF;
-    shape := inbox__queue_shape(queue);
-    EXECUTE format(
-        'WITH requeued AS (UPDATE %s SET %s WHERE id = $1 AND %s%s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, inbox__requeue_set(shape), shape.dead_predicate, inbox__requeued_group(shape))
-      INTO requeued, groups USING id, clock_timestamp();
-    IF groups IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, shape, groups);
-    END IF;
-    RETURN requeued = 1;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION inbox_requeue_dead(queue regclass, max int DEFAULT NULL) RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    shape inbox__queue_shape;
-    requeued bigint;
-    groups text[];
-BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
-    END IF;
-    IF max < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
-    END IF;
-    shape := inbox__queue_shape(queue);
-    -- Skips dead jobs that another transaction is requeueing or discarding.
-    EXECUTE format(
-        'WITH requeued AS (UPDATE %1$s SET %2$s '
-        '  WHERE id = ANY (ARRAY(SELECT id FROM %1$s WHERE %3$s ORDER BY %4$s LIMIT $1 '
-        '                        FOR UPDATE SKIP LOCKED)) '
-        '    AND %3$s%5$s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, inbox__requeue_set(shape), shape.dead_predicate, inbox__dead_order(shape),
-        inbox__requeued_group(shape))
-      INTO requeued, groups USING max::int8, clock_timestamp();
-    IF groups IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, shape, groups);
-    END IF;
-    RETURN requeued;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION inbox_discard(queue regclass, id bigint) RETURNS bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    shape inbox__queue_shape;
-    discarded bigint;
-BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
-    END IF;
-    IF id IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'id must not be NULL';
-    END IF;
-    shape := inbox__queue_shape(queue);
-    EXECUTE format('DELETE FROM %s WHERE id = $1 AND %s', shape.table_sql, shape.dead_predicate)
-      USING id;
-    GET DIAGNOSTICS discarded = ROW_COUNT;
-    RETURN discarded = 1;
-END
-$$;
-
--- The statement runs in a volatile function, so that it reads the latest committed state with a
--- snapshot of its own, as the pgrx build's statements do.
-CREATE OR REPLACE FUNCTION inbox__dead_jobs(queue regclass, max int)
-RETURNS TABLE(id bigint, attempt int, last_error text, dead_at timestamptz, payload jsonb, payload_bytes bytea)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    shape inbox__queue_shape;
-BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
-    END IF;
-    IF max IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'max must not be NULL';
-    END IF;
-    IF max < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
-    END IF;
-    shape := inbox__queue_shape(queue);
-    RETURN QUERY EXECUTE format(
-        'SELECT id::int8, attempt::int4, %s, %s, %s FROM %s WHERE %s ORDER BY %s LIMIT $1',
-        CASE WHEN shape.has_last_error THEN 'last_error::text' ELSE 'NULL::text' END,
-        CASE WHEN shape.has_dead_at THEN 'dead_at' ELSE 'NULL::timestamptz' END,
-        CASE WHEN shape.payload = 'jsonb' THEN 'payload, NULL::bytea' ELSE 'NULL::jsonb, payload' END,
-        shape.table_sql, shape.dead_predicate, inbox__dead_order(shape))
-      USING max;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION inbox_dead_jobs(queue regclass, max int DEFAULT 100)
-RETURNS TABLE(id bigint, attempt int, last_error text, dead_at timestamptz, payload jsonb, payload_bytes bytea)
-LANGUAGE plpgsql STABLE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-BEGIN
-    RETURN QUERY SELECT * FROM inbox__dead_jobs(queue, max);
 END
 $$;
 
@@ -6286,7 +6610,7 @@ $$;
 CREATE OR REPLACE FUNCTION inbox__release(queue pg_catalog.regclass, ids pg_catalog.int8[],
                                           run_ats pg_catalog.timestamptz[])
 RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     released pg_catalog.int8;
 BEGIN
@@ -6308,285 +6632,6 @@ END
 $$;
 COMMENT ON FUNCTION inbox__release(pg_catalog.regclass, pg_catalog.int8[], pg_catalog.timestamptz[]) IS
     'Makes released dependants due.';
-
--- ---- sql/sql-only/60-observe.sql ----
-
--- What operators and exporters read: every queue with its counts and ages (inbox_queues,
--- inbox_metrics), one queue's jobs by state (inbox_jobs), and the ledger purges (inbox_purge).
--- Statements are built per call from the checked shapes (inbox__queue_shape, inbox__ledger_shape),
--- as in extension/src/observe.rs.
-
--- The conditions that tell a queue's states apart, $1 being now, as inbox_stats counts them: a job
--- waiting behind its group's head is delayed. Unlike the shape's dead_predicate, `dead_at` alone
--- (without group_key) already decides which 'infinity' rows are dead here.
-CREATE OR REPLACE FUNCTION inbox__observed_states(
-    shape inbox__queue_shape,
-    OUT ready text, OUT delayed text, OUT leased text, OUT dead text)
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    timed constant text := '(locked_until > $1 AND locked_until < ''infinity'')';
-    delivered text;
-    in_group text;
-BEGIN
-    ready := CASE WHEN shape.nullable_locked_until
-                  THEN '(locked_until IS NULL OR locked_until <= $1)'
-                  ELSE 'locked_until <= $1' END;
-    -- Without leased_at a delivered job waiting for its locked_until counts as leased.
-    delivered := CASE WHEN shape.has_leased_at THEN 'leased_at IS NOT NULL' ELSE 'attempt > 0' END;
-    dead := CASE WHEN shape.has_dead_at
-                 THEN '(locked_until = ''infinity'' AND dead_at IS NOT NULL)'
-                 ELSE 'locked_until = ''infinity''' END;
-    in_group := CASE WHEN shape.has_dead_at AND shape.has_group_key
-                     THEN '(locked_until = ''infinity'' AND dead_at IS NULL)'
-                     ELSE 'false' END;
-    delayed := format('((%s AND NOT (%s)) OR %s)', timed, delivered, in_group);
-    leased := format('(%s AND %s)', timed, delivered);
-END
-$function$;
-
--- Seconds of an interval, months counted as 30 days, in the order of floating-point operations
--- that inbox_metrics of the pgrx build uses (so both give the same double).
-CREATE OR REPLACE FUNCTION inbox__interval_seconds(span interval)
-RETURNS double precision
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-SET search_path FROM CURRENT
-RETURN (extract(year FROM span) * 12 + extract(month FROM span))::double precision
-           * 30.0::double precision * 86400.0::double precision
-       + extract(day FROM span)::double precision * 86400.0::double precision
-       + (extract(hour FROM span) * 3600000000 + extract(minute FROM span) * 60000000
-          + extract(microseconds FROM span))::bigint::double precision
-           / 1000000.0::double precision;
-
--- Every table of queue shape that the caller may read, by schema and name, with its counts and
--- ages. Each is locked ACCESS SHARE (as a query of it would be) without waiting: a table another
--- transaction holds ACCESS EXCLUSIVE (DROP, ALTER, TRUNCATE, VACUUM FULL), or one dropped since
--- it was listed, is left out of this call so that a migration never stalls monitoring.
-CREATE OR REPLACE FUNCTION inbox__every_queue()
-RETURNS TABLE (queue regclass, queue_name text, ready bigint, delayed bigint, leased bigint,
-               dead bigint, oldest_ready_age interval, oldest_lease_age interval,
-               records_leases boolean)
-LANGUAGE plpgsql VOLATILE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    candidate record;
-    shape inbox__queue_shape;
-    states record;
-BEGIN
-    FOR candidate IN
-        SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name
-          FROM pg_class c
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-           AND n.nspname <> 'information_schema' AND n.nspname !~ '^pg_(catalog|toast)'
-           AND NOT pg_is_other_temp_schema(n.oid)
-           AND has_schema_privilege(n.oid, 'USAGE')
-           AND has_table_privilege(c.oid, 'SELECT')
-           AND 4 = (SELECT count(*) FROM pg_attribute a
-                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-                       AND ((a.attname IN ('id', 'attempt')
-                             AND a.atttypid IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))
-                         OR (a.attname = 'locked_until' AND a.atttypid = 'timestamptz'::regtype)
-                         OR (a.attname = 'payload'
-                             AND a.atttypid IN ('jsonb'::regtype, 'bytea'::regtype))))
-           AND NOT EXISTS (SELECT FROM pg_attribute a
-                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-                       AND ((a.attname IN ('key', 'last_error', 'group_key')
-                             AND a.atttypid NOT IN ('text'::regtype, 'varchar'::regtype))
-                         OR (a.attname IN ('leased_at', 'dead_at', 'run_at')
-                             AND a.atttypid <> 'timestamptz'::regtype)
-                         OR (a.attname = 'priority'
-                             AND a.atttypid NOT IN ('int2'::regtype, 'int4'::regtype, 'int8'::regtype))
-                         -- An outbox is shaped like a queue; its ordering_key tells it apart.
-                         OR a.attname = 'ordering_key'))
-         ORDER BY n.nspname, c.relname
-    LOOP
-        BEGIN
-            -- ONLY: the partitions are locked by the count itself, as any query would.
-            EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE NOWAIT', candidate.name);
-        EXCEPTION WHEN lock_not_available OR undefined_table OR invalid_schema_name THEN
-            CONTINUE;
-        END;
-        -- Dropped (or renamed, and its name taken) between the listing and the lock.
-        CONTINUE WHEN to_regclass(candidate.name) IS DISTINCT FROM candidate.oid::regclass;
-        shape := inbox__queue_shape(candidate.oid::regclass);
-        states := inbox__observed_states(shape);
-        queue := candidate.oid::regclass;
-        queue_name := candidate.name;
-        records_leases := shape.has_leased_at;
-        EXECUTE format(
-            'SELECT count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s), '
-            '       count(*) FILTER (WHERE %s), count(*) FILTER (WHERE %s), '
-            '       $1 - min(locked_until) FILTER (WHERE locked_until <= $1), %s FROM %s',
-            states.ready, states.delayed, states.leased, states.dead,
-            CASE WHEN shape.has_leased_at
-                 THEN format('$1 - min(leased_at) FILTER (WHERE %s)', states.leased)
-                 ELSE 'NULL::interval' END,
-            shape.table_sql)
-          INTO ready, delayed, leased, dead, oldest_ready_age, oldest_lease_age
-          USING clock_timestamp();
-        RETURN NEXT;
-    END LOOP;
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION inbox_queues()
-RETURNS TABLE (queue regclass, ready bigint, delayed bigint, leased bigint, dead bigint,
-               oldest_ready_age interval, oldest_lease_age interval, paused bool)
-LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
-AS $function$
-    SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age,
-           inbox_paused_since(q.queue) IS NOT NULL
-      FROM inbox__every_queue() q
-$function$;
-
-CREATE OR REPLACE FUNCTION inbox_metrics()
-RETURNS TABLE (queue text, ready bigint, delayed bigint, leased bigint, dead bigint,
-               oldest_ready_age_seconds double precision,
-               oldest_lease_age_seconds double precision, paused bool)
-LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
-AS $function$
-    SELECT q.queue_name, q.ready, q.delayed, q.leased, q.dead,
-           coalesce(inbox__interval_seconds(q.oldest_ready_age), 0),
-           CASE WHEN q.records_leases
-                THEN coalesce(inbox__interval_seconds(q.oldest_lease_age), 0) END,
-           inbox_paused_since(q.queue) IS NOT NULL
-      FROM inbox__every_queue() q
-$function$;
-
--- inbox_jobs's body: PL/pgSQL cannot name an argument and a result column both `state`.
--- Installed by an earlier version: without the column progress.
-DROP FUNCTION IF EXISTS inbox_jobs(regclass, text, int);
-DROP FUNCTION IF EXISTS inbox__jobs(regclass, text, int);
-CREATE OR REPLACE FUNCTION inbox__jobs(queue regclass, wanted text, max int)
-RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
-               payload jsonb, payload_bytes bytea, progress jsonb)
-LANGUAGE plpgsql STABLE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    shape inbox__queue_shape;
-    states record;
-    filter text;
-BEGIN
-    PERFORM inbox__required(queue, 'queue');
-    IF wanted IS NOT NULL AND wanted NOT IN ('ready', 'delayed', 'leased', 'dead') THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = format('unknown job state "%s": expected ready, delayed, leased or dead',
-                             wanted);
-    END IF;
-    IF inbox__required(max, 'max') < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = 'max must be at least 1';
-    END IF;
-    shape := inbox__queue_shape(queue);
-    states := inbox__observed_states(shape);
-    filter := CASE wanted WHEN 'ready' THEN states.ready WHEN 'delayed' THEN states.delayed
-                         WHEN 'leased' THEN states.leased WHEN 'dead' THEN states.dead
-                         ELSE 'true' END;
-    RETURN QUERY EXECUTE format(
-        'SELECT id::int8, CASE WHEN %s THEN ''dead'' WHEN %s THEN ''ready'' '
-        '                      WHEN %s THEN ''leased'' ELSE ''delayed'' END, '
-        '       attempt::int4, locked_until, %s, %s, '
-        '       NULLIF(pg_catalog.to_jsonb(q) OPERATOR(pg_catalog.->) ''progress'', '
-        '                         ''null''::pg_catalog.jsonb) '
-        '  FROM %s AS q WHERE %s ORDER BY locked_until%s, id LIMIT $2',
-        states.dead, states.ready, states.leased,
-        CASE WHEN shape.has_last_error THEN 'last_error::text' ELSE 'NULL::text' END,
-        CASE shape.payload WHEN 'bytea' THEN 'NULL::jsonb, payload' ELSE 'payload, NULL::bytea' END,
-        shape.table_sql, filter,
-        CASE WHEN shape.nullable_locked_until THEN ' NULLS FIRST' ELSE '' END)
-      USING clock_timestamp(), max::bigint;
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION inbox_jobs(queue regclass, state text DEFAULT NULL, max int DEFAULT 100)
-RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
-               payload jsonb, payload_bytes bytea, progress jsonb)
-LANGUAGE sql STABLE PARALLEL UNSAFE
-SET search_path FROM CURRENT
-AS $function$
-    SELECT * FROM inbox__jobs(queue, state, max)
-$function$;
-
--- One bounded batch of a purge: the rows are found first, then deleted by ctid. Returns how many.
-CREATE OR REPLACE FUNCTION inbox__purge_batch(table_sql text, older_than timestamptz, batch bigint)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    deleted bigint;
-BEGIN
-    EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
-                   ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
-      USING older_than, batch;
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    deleted bigint;
-BEGIN
-    PERFORM inbox__required(ledger, 'ledger');
-    PERFORM inbox__finite_time(older_than, 'older_than');
-    table_sql := (inbox__ledger_shape(ledger)).table_sql;
-    PERFORM inbox__citus_check_purge(ledger);
-    LOOP
-        deleted := inbox__purge_batch(table_sql, older_than, batch_size);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch_size;
-    END LOOP;
-    RETURN purged;
-END
-$function$;
-
--- At most max keys, so that a caller committing each call never holds one long transaction.
-CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz, max bigint)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    batch bigint;
-    deleted bigint;
-BEGIN
-    PERFORM inbox__required(ledger, 'ledger');
-    IF NOT isfinite(inbox__required(older_than, 'older_than')) THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = 'older_than must be a finite timestamp';
-    END IF;
-    IF inbox__required(max, 'max') < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = 'max must be at least 1';
-    END IF;
-    table_sql := (inbox__ledger_shape(ledger)).table_sql;
-    PERFORM inbox__citus_check_purge(ledger);
-    WHILE purged < max LOOP
-        batch := least(max - purged, batch_size);
-        deleted := inbox__purge_batch(table_sql, older_than, batch);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch;
-    END LOOP;
-    RETURN purged;
-END
-$function$;
 
 -- Every function that pinned the install's search_path now resolves the catalog first.
 DO $pin$

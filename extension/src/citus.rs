@@ -53,15 +53,6 @@ pub(crate) fn distributes(client: &SpiClient<'_>, table: Oid) -> bool {
         .is_some()
 }
 
-/// Raises 0A000 when `ledger` is hash-distributed: `inbox_purge` runs on its shards instead.
-pub(crate) fn check_purge(client: &SpiClient<'_>, ledger: Oid) {
-    call(
-        client,
-        "inbox__citus_check_purge($1)",
-        &[RegClass(ledger).into()],
-    );
-}
-
 /// Runs the extension's function `call` with `args`.
 fn call(client: &SpiClient<'_>, call: &str, args: &[pgrx::datum::DatumWithOid<'_>]) {
     client

@@ -109,6 +109,16 @@ pub(crate) fn settled(client: &mut SpiClient<'_>, queue: Oid, mut groups: Vec<St
     }
 }
 
+/// `settled` for the SQL functions shared with the SQL-only build (sql/shared/dead_letters.sql):
+/// after a requeue of dead jobs of `groups`, locks them and promotes the next job of those left
+/// without a head.
+#[pgrx::pg_extern(volatile, parallel_unsafe, name = "inbox__groups_settled")]
+#[pgrx::search_path(pg_catalog, pg_temp)]
+fn groups_settled(queue: crate::datum::RegClass, groups: Vec<Option<String>>) {
+    let groups = groups.into_iter().flatten().collect();
+    pgrx::spi::Spi::connect_mut(|client| settled(client, queue.0, groups));
+}
+
 /// A group key argument's text, or `None`.
 pub(crate) fn key_text(key: &Option<String>) -> DatumWithOid<'static> {
     match key {

@@ -1,4 +1,5 @@
-//! The dedup ledger: `inbox_claim` records a key once, whatever the number of deliveries.
+//! The dedup ledger: `inbox_claim` records a key once, whatever the number of deliveries. Its
+//! purges are shared SQL (`sql/shared/purge.sql`).
 
 use pgrx::prelude::*;
 
@@ -6,7 +7,7 @@ use crate::datum::{RegClass, Text};
 use crate::error::*;
 use crate::plans::{self, Op};
 use crate::shape::create_table;
-use crate::statements::{self, PURGE_BATCH};
+use crate::statements;
 
 /// Creates the ledger table `name` unless a valid one exists; returns it.
 #[pg_extern(volatile, parallel_unsafe)]
@@ -68,25 +69,5 @@ fn inbox_seen(ledger: Option<RegClass>, key: Option<Text>) -> bool {
     Spi::connect(|client| {
         let plan = plans::ledger_plan(client, ledger, Op::Seen, statements::seen);
         plan.read_rows(&[key.into()]).get(0, 1).unwrap_or(false)
-    })
-}
-
-/// Deletes the keys seen before `older_than`, in bounded batches; returns how many.
-#[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
-fn inbox_purge(ledger: Option<RegClass>, older_than: Option<TimestampWithTimeZone>) -> i64 {
-    let ledger = required(ledger, "ledger").0;
-    let older_than = finite_time(older_than, "older_than");
-    Spi::connect_mut(|client| {
-        crate::citus::check_purge(client, ledger);
-        let plan = plans::ledger_plan(client, ledger, Op::Purge, statements::purge);
-        let mut purged = 0;
-        loop {
-            let batch = plan.run(&[older_than.into()]) as i64;
-            purged += batch;
-            if batch < PURGE_BATCH {
-                return purged;
-            }
-        }
     })
 }

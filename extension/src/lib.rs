@@ -1,9 +1,10 @@
 //! `inbox`: a dedup ledger and SKIP LOCKED job queues inside PostgreSQL.
 //!
-//! Every SQL function of the extension is declared in [`ledger`] or [`queue`]; the SQL they run
-//! is in [`statements`], prepared once per table and backend by [`plans`]. What operators and
-//! exporters read (`inbox_queues`, `inbox_metrics`, `inbox_jobs`) is declared in `observe.rs`,
-//! with its statements, built per call. The public contract
+//! The job path's SQL functions are declared in [`ledger`], [`queue`] and [`worker_calls`]; the
+//! SQL they run is in [`statements`], prepared once per table and backend by [`plans`]. What is
+//! off the job path (operators' and exporters' functions, controls, workflows, the outbox's relay)
+//! is SQL shared with the SQL-only build (`sql/shared/`), placed in the script by the module it
+//! belongs to (`operators.rs` for dead letters, observability and purges). The public contract
 //! (arguments, results, SQLSTATEs) is documented in `docs/sql-api.md`.
 
 use pgrx::prelude::*;
@@ -11,13 +12,12 @@ use pgrx::prelude::*;
 mod citus;
 mod controls;
 mod datum;
-mod dead_letters;
 mod error;
 mod groups;
 mod head;
 pub mod ledger;
 mod names;
-mod observe;
+mod operators;
 mod outbox;
 mod plans;
 pub mod queue;

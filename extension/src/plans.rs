@@ -2,9 +2,9 @@
 //!
 //! Every statement the extension keeps is a [`Plan`], prepared through SPI: as the plan cache
 //! chooses ([`plan`]), kept to its generic plan ([`generic_plan`]), or run on the latest committed
-//! state ([`latest_plan`]). Only statements built for one call of an operator or setup function
-//! (`observe.rs`, `citus.rs`, the catalog reads of `shape.rs`) run unprepared, through pgrx's
-//! SPI client.
+//! state ([`latest_plan`]). Only statements built for one call of a setup function (`citus.rs`,
+//! the catalog reads of `shape.rs`) run unprepared, through pgrx's SPI client; the operators'
+//! functions are SQL (`operators.rs`).
 //!
 //! The first call on a table reads its shape from the catalog and prepares the statement the
 //! call needs; later calls reuse both. A relcache invalidation of the table (any DDL, and also
@@ -30,7 +30,6 @@ use crate::statements::Sql;
 pub(crate) enum Op {
     Claim,
     Seen,
-    Purge,
     Enqueue,
     EnqueueBatch,
     Lease,
@@ -49,10 +48,6 @@ pub(crate) enum Op {
     GroupBusy,
     Promote,
     PromoteOne,
-    Requeue,
-    RequeueDead,
-    Discard,
-    DeadJobs,
     Fence,
     PublishBytes,
     PublishJson,

@@ -15,9 +15,6 @@ use pgrx::pg_sys::{self, Oid};
 
 use crate::shape::{LedgerShape, QueueShape};
 
-/// Most rows `inbox_purge` deletes in one statement.
-pub(crate) const PURGE_BATCH: i64 = 10_000;
-
 // The operators of `pg_catalog`, as the statements spell them. `OPERATOR()` binds tighter than
 // `AND` but as loosely as any other operator: an arithmetic operand of a comparison is put in
 // parentheses.
@@ -106,18 +103,6 @@ pub(crate) fn seen(ledger: &LedgerShape) -> Sql {
             ledger.table
         ),
         args: vec![pg_sys::TEXTOID],
-    }
-}
-
-/// One bounded batch of the purge: the rows are found first, then deleted by `ctid`.
-pub(crate) fn purge(ledger: &LedgerShape) -> Sql {
-    let table = &ledger.table;
-    Sql {
-        text: format!(
-            "DELETE FROM {table} WHERE ctid {EQ} ANY (ARRAY( \
-                 SELECT ctid FROM {table} WHERE seen_at {LT} $1 LIMIT {PURGE_BATCH}))"
-        ),
-        args: vec![pg_sys::TIMESTAMPTZOID],
     }
 }
 
@@ -789,114 +774,6 @@ pub(crate) fn promote_one(queue: &QueueShape) -> Sql {
             head = head(queue, "a")
         ),
         args: vec![pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID],
-    }
-}
-
-/// The SET list of a requeue (`$2` now): the job runs again from its first attempt, its
-/// `last_error` kept; a job of a group goes back to waiting (it is promoted next if its group
-/// has no head, and otherwise runs after the head, ahead of the group's later jobs).
-fn requeue_set(queue: &QueueShape) -> String {
-    let mut set = String::from("attempt = 0");
-    if queue.groups() {
-        set.push_str(&format!(
-            ", locked_until = CASE WHEN group_key IS NULL THEN $2 ELSE {INFINITY} END, dead_at = NULL"
-        ));
-    } else {
-        set.push_str(", locked_until = $2");
-        if queue.has_dead_at {
-            set.push_str(", dead_at = NULL");
-        }
-    }
-    if queue.has_leased_at {
-        set.push_str(", leased_at = NULL");
-    }
-    set
-}
-
-fn requeued_group(queue: &QueueShape) -> &'static str {
-    if queue.groups() {
-        " RETURNING group_key"
-    } else {
-        " RETURNING NULL::pg_catalog.text"
-    }
-}
-
-/// Dead jobs, oldest first.
-fn dead_order(queue: &QueueShape) -> &'static str {
-    if queue.has_dead_at {
-        "dead_at, id"
-    } else {
-        "id"
-    }
-}
-
-/// `$1` the job, `$2` now.
-pub(crate) fn requeue(queue: &QueueShape) -> Sql {
-    Sql {
-        text: format!(
-            "UPDATE {} SET {} WHERE id {EQ} $1 AND {}{}",
-            queue.table,
-            requeue_set(queue),
-            queue.dead(),
-            requeued_group(queue)
-        ),
-        args: vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID],
-    }
-}
-
-/// `$1` how many at most (NULL: all), `$2` now; oldest first, skipping dead jobs that another
-/// transaction is requeueing or discarding.
-pub(crate) fn requeue_dead(queue: &QueueShape) -> Sql {
-    let table = &queue.table;
-    let dead = queue.dead();
-    Sql {
-        text: format!(
-            "UPDATE {table} SET {} \
-              WHERE id {EQ} ANY (ARRAY(SELECT id FROM {table} WHERE {dead} ORDER BY {} LIMIT $1 \
-                                    FOR UPDATE SKIP LOCKED)) \
-                AND {dead}{}",
-            requeue_set(queue),
-            dead_order(queue),
-            requeued_group(queue)
-        ),
-        args: vec![pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID],
-    }
-}
-
-/// `$1` the job.
-pub(crate) fn discard(queue: &QueueShape) -> Sql {
-    Sql {
-        text: format!(
-            "DELETE FROM {} WHERE id {EQ} $1 AND {}",
-            queue.table,
-            queue.dead()
-        ),
-        args: vec![pg_sys::INT8OID],
-    }
-}
-
-/// `$1` how many at most: (id, attempt, last_error, dead_at, payload), oldest first.
-pub(crate) fn dead_jobs(queue: &QueueShape) -> Sql {
-    let last_error = if queue.has_last_error {
-        "last_error::pg_catalog.text"
-    } else {
-        "NULL::pg_catalog.text"
-    };
-    let dead_at = if queue.has_dead_at {
-        "dead_at"
-    } else {
-        "NULL::pg_catalog.timestamptz"
-    };
-    Sql {
-        text: format!(
-            "SELECT id::pg_catalog.int8, attempt::pg_catalog.int4, {last_error}, {dead_at}, payload \
-               FROM {} \
-              WHERE {} ORDER BY {} LIMIT $1",
-            queue.table,
-            queue.dead(),
-            dead_order(queue)
-        ),
-        args: vec![pg_sys::INT4OID],
     }
 }
 

@@ -126,3 +126,12 @@ BEGIN
     END IF;
 END
 $$;
+
+-- The same, reading the queue's shape: what the dead letters' requeues call (both builds have it).
+CREATE OR REPLACE FUNCTION inbox__groups_settled(queue regclass, groups text[])
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM inbox__groups_settled(queue, inbox__queue_shape(queue), groups);
+END
+$$;

@@ -1,16 +1,18 @@
--- What operators and exporters read: every queue with its counts and ages (inbox_queues,
--- inbox_metrics), one queue's jobs by state (inbox_jobs), and the ledger purges (inbox_purge).
--- Statements are built per call from the checked shapes (inbox__queue_shape, inbox__ledger_shape),
--- as in extension/src/observe.rs.
+-- What operators and exporters read (docs/sql-api.md, "Observability"): every queue with its
+-- counts and ages (inbox_queues, inbox_metrics) and one queue's jobs by state (inbox_jobs),
+-- written once for both builds. Statements are built per call from the queues' checked shapes
+-- (shape.sql): an exporter calls these every few seconds, not once per job.
+--
+-- References to the extension's own objects are written @extschema@.name (see outbox.sql).
 
 -- The conditions that tell a queue's states apart, $1 being now, as inbox_stats counts them: a job
 -- waiting behind its group's head is delayed. Unlike the shape's dead_predicate, `dead_at` alone
 -- (without group_key) already decides which 'infinity' rows are dead here.
 CREATE OR REPLACE FUNCTION inbox__observed_states(
-    shape inbox__queue_shape,
+    shape @extschema@.inbox__queue_shape,
     OUT ready text, OUT delayed text, OUT leased text, OUT dead text)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-SET search_path FROM CURRENT
+SET search_path = pg_catalog, pg_temp
 AS $function$
 DECLARE
     timed constant text := '(locked_until > $1 AND locked_until < ''infinity'')';
@@ -38,7 +40,7 @@ $function$;
 CREATE OR REPLACE FUNCTION inbox__interval_seconds(span interval)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-SET search_path FROM CURRENT
+SET search_path = pg_catalog, pg_temp
 RETURN (extract(year FROM span) * 12 + extract(month FROM span))::double precision
            * 30.0::double precision * 86400.0::double precision
        + extract(day FROM span)::double precision * 86400.0::double precision
@@ -55,11 +57,11 @@ RETURNS TABLE (queue regclass, queue_name text, ready bigint, delayed bigint, le
                dead bigint, oldest_ready_age interval, oldest_lease_age interval,
                records_leases boolean)
 LANGUAGE plpgsql VOLATILE
-SET search_path FROM CURRENT
+SET search_path = pg_catalog, pg_temp
 AS $function$
 DECLARE
     candidate record;
-    shape inbox__queue_shape;
+    shape @extschema@.inbox__queue_shape;
     states record;
 BEGIN
     FOR candidate IN
@@ -98,8 +100,8 @@ BEGIN
         END;
         -- Dropped (or renamed, and its name taken) between the listing and the lock.
         CONTINUE WHEN to_regclass(candidate.name) IS DISTINCT FROM candidate.oid::regclass;
-        shape := inbox__queue_shape(candidate.oid::regclass);
-        states := inbox__observed_states(shape);
+        shape := @extschema@.inbox__queue_shape(candidate.oid::regclass);
+        states := @extschema@.inbox__observed_states(shape);
         queue := candidate.oid::regclass;
         queue_name := candidate.name;
         records_leases := shape.has_leased_at;
@@ -123,11 +125,11 @@ CREATE OR REPLACE FUNCTION inbox_queues()
 RETURNS TABLE (queue regclass, ready bigint, delayed bigint, leased bigint, dead bigint,
                oldest_ready_age interval, oldest_lease_age interval, paused bool)
 LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
+SET search_path = pg_catalog, pg_temp
 AS $function$
     SELECT q.queue, q.ready, q.delayed, q.leased, q.dead, q.oldest_ready_age, q.oldest_lease_age,
-           inbox_paused_since(q.queue) IS NOT NULL
-      FROM inbox__every_queue() q
+           @extschema@.inbox_paused_since(q.queue) IS NOT NULL
+      FROM @extschema@.inbox__every_queue() q
 $function$;
 
 CREATE OR REPLACE FUNCTION inbox_metrics()
@@ -135,14 +137,14 @@ RETURNS TABLE (queue text, ready bigint, delayed bigint, leased bigint, dead big
                oldest_ready_age_seconds double precision,
                oldest_lease_age_seconds double precision, paused bool)
 LANGUAGE sql STRICT VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
+SET search_path = pg_catalog, pg_temp
 AS $function$
     SELECT q.queue_name, q.ready, q.delayed, q.leased, q.dead,
-           coalesce(inbox__interval_seconds(q.oldest_ready_age), 0),
+           coalesce(@extschema@.inbox__interval_seconds(q.oldest_ready_age), 0),
            CASE WHEN q.records_leases
-                THEN coalesce(inbox__interval_seconds(q.oldest_lease_age), 0) END,
-           inbox_paused_since(q.queue) IS NOT NULL
-      FROM inbox__every_queue() q
+                THEN coalesce(@extschema@.inbox__interval_seconds(q.oldest_lease_age), 0) END,
+           @extschema@.inbox_paused_since(q.queue) IS NOT NULL
+      FROM @extschema@.inbox__every_queue() q
 $function$;
 
 -- inbox_jobs's body: PL/pgSQL cannot name an argument and a result column both `state`.
@@ -153,25 +155,25 @@ CREATE OR REPLACE FUNCTION inbox__jobs(queue regclass, wanted text, max int)
 RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
                payload jsonb, payload_bytes bytea, progress jsonb)
 LANGUAGE plpgsql STABLE
-SET search_path FROM CURRENT
+SET search_path = pg_catalog, pg_temp
 AS $function$
 DECLARE
-    shape inbox__queue_shape;
+    shape @extschema@.inbox__queue_shape;
     states record;
     filter text;
 BEGIN
-    PERFORM inbox__required(queue, 'queue');
+    PERFORM @extschema@.inbox__required(queue, 'queue');
     IF wanted IS NOT NULL AND wanted NOT IN ('ready', 'delayed', 'leased', 'dead') THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = format('unknown job state "%s": expected ready, delayed, leased or dead',
                              wanted);
     END IF;
-    IF inbox__required(max, 'max') < 1 THEN
+    IF @extschema@.inbox__required(max, 'max') < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'max must be at least 1';
     END IF;
-    shape := inbox__queue_shape(queue);
-    states := inbox__observed_states(shape);
+    shape := @extschema@.inbox__queue_shape(queue);
+    states := @extschema@.inbox__observed_states(shape);
     filter := CASE wanted WHEN 'ready' THEN states.ready WHEN 'delayed' THEN states.delayed
                          WHEN 'leased' THEN states.leased WHEN 'dead' THEN states.dead
                          ELSE 'true' END;
@@ -195,82 +197,7 @@ CREATE OR REPLACE FUNCTION inbox_jobs(queue regclass, state text DEFAULT NULL, m
 RETURNS TABLE (id bigint, state text, attempt int, due timestamptz, last_error text,
                payload jsonb, payload_bytes bytea, progress jsonb)
 LANGUAGE sql STABLE PARALLEL UNSAFE
-SET search_path FROM CURRENT
+SET search_path = pg_catalog, pg_temp
 AS $function$
-    SELECT * FROM inbox__jobs(queue, state, max)
-$function$;
-
--- One bounded batch of a purge: the rows are found first, then deleted by ctid. Returns how many.
-CREATE OR REPLACE FUNCTION inbox__purge_batch(table_sql text, older_than timestamptz, batch bigint)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    deleted bigint;
-BEGIN
-    EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
-                   ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
-      USING older_than, batch;
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    deleted bigint;
-BEGIN
-    PERFORM inbox__required(ledger, 'ledger');
-    PERFORM inbox__finite_time(older_than, 'older_than');
-    table_sql := (inbox__ledger_shape(ledger)).table_sql;
-    PERFORM inbox__citus_check_purge(ledger);
-    LOOP
-        deleted := inbox__purge_batch(table_sql, older_than, batch_size);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch_size;
-    END LOOP;
-    RETURN purged;
-END
-$function$;
-
--- At most max keys, so that a caller committing each call never holds one long transaction.
-CREATE OR REPLACE FUNCTION inbox_purge(ledger regclass, older_than timestamptz, max bigint)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path FROM CURRENT
-AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    batch bigint;
-    deleted bigint;
-BEGIN
-    PERFORM inbox__required(ledger, 'ledger');
-    IF NOT isfinite(inbox__required(older_than, 'older_than')) THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = 'older_than must be a finite timestamp';
-    END IF;
-    IF inbox__required(max, 'max') < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
-            MESSAGE = 'max must be at least 1';
-    END IF;
-    table_sql := (inbox__ledger_shape(ledger)).table_sql;
-    PERFORM inbox__citus_check_purge(ledger);
-    WHILE purged < max LOOP
-        batch := least(max - purged, batch_size);
-        deleted := inbox__purge_batch(table_sql, older_than, batch);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch;
-    END LOOP;
-    RETURN purged;
-END
+    SELECT * FROM @extschema@.inbox__jobs(queue, state, max)
 $function$;
