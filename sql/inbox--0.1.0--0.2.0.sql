@@ -1533,6 +1533,7 @@ CREATE OR REPLACE FUNCTION "inbox__groups_settled"(
 	"groups" TEXT[] /* Vec < Option < String > > */
 ) RETURNS void
 STRICT VOLATILE PARALLEL UNSAFE 
+SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
 AS 'inbox-0.2.0', 'groups_settled_wrapper';
 
@@ -3355,7 +3356,7 @@ $types$;
 
 CREATE OR REPLACE FUNCTION inbox__finite_time(value pg_catalog.timestamptz, argument pg_catalog.text)
 RETURNS pg_catalog.timestamptz
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF value IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';

@@ -70,11 +70,11 @@ BEGIN
 END
 $types$;
 
--- A required time that is finite (error.rs finite_time). On the SQL-only build's job path, so it
--- runs on its caller's pinned search_path (sql/sql-only/10-shape.sql says why).
+-- A required time that is finite (error.rs finite_time). The SQL-only build's job path calls it
+-- only for a time that is NULL or infinite, to raise.
 CREATE OR REPLACE FUNCTION inbox__finite_time(value pg_catalog.timestamptz, argument pg_catalog.text)
 RETURNS pg_catalog.timestamptz
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 BEGIN
     IF value IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';

@@ -17,6 +17,7 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::spi::SpiClient;
 use pgrx::FromDatum;
+use pgrx::{pg_extern, search_path};
 
 use crate::error::*;
 use crate::plans::{self, Op};
@@ -112,8 +113,8 @@ pub(crate) fn settled(client: &mut SpiClient<'_>, queue: Oid, mut groups: Vec<St
 /// `settled` for the SQL functions shared with the SQL-only build (sql/shared/dead_letters.sql):
 /// after a requeue of dead jobs of `groups`, locks them and promotes the next job of those left
 /// without a head.
-#[pgrx::pg_extern(volatile, parallel_unsafe, name = "inbox__groups_settled")]
-#[pgrx::search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe, name = "inbox__groups_settled")]
+#[search_path(pg_catalog, pg_temp)]
 fn groups_settled(queue: crate::datum::RegClass, groups: Vec<Option<String>>) {
     let groups = groups.into_iter().flatten().collect();
     pgrx::spi::Spi::connect_mut(|client| settled(client, queue.0, groups));
