@@ -3986,7 +3986,7 @@ $$;
 COMMENT ON FUNCTION inbox_set_progress(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int8, pg_catalog.jsonb) IS
     'Records a leased delivery''s progress (a small jsonb) on its job, while the lease holds.';
 
--- ---- sql/sql-only/10-shape.sql ----
+-- ---- sql/sql-only/10-names.sql ----
 
 -- Names and the statements a session keeps: what names.rs checks, with the same errors, and the
 -- session's kept statements of the job path. Every file reads a table's columns through
