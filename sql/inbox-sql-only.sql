@@ -236,12 +236,7 @@ CREATE OR REPLACE FUNCTION inbox__job_filter(queue pg_catalog.regclass, state pg
 RETURNS pg_catalog.text
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
-    clock constant pg_catalog.text := pg_catalog.format('%L::pg_catalog.timestamptz', now);
-    nullable pg_catalog.bool;
-    timed pg_catalog.text;
-    delivered pg_catalog.text;
-    dead pg_catalog.text;
-    in_group pg_catalog.text;
+    states record;
     conditions pg_catalog.text[] := ARRAY['true'];
 BEGIN
     PERFORM inbox__check_queue(queue);
@@ -249,28 +244,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = pg_catalog.format('unknown job state "%s": expected ready, delayed, leased, dead or cancelled', state);
     END IF;
-    SELECT NOT a.attnotnull INTO nullable FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid OPERATOR(pg_catalog.=) queue::pg_catalog.oid AND a.attname OPERATOR(pg_catalog.=) 'locked_until';
-    timed := pg_catalog.format('(locked_until > %1$s AND locked_until < ''infinity'')', clock);
-    -- Without leased_at a delivered job waiting for its locked_until counts as leased.
-    delivered := CASE WHEN inbox__has_column(queue, 'leased_at') THEN 'leased_at IS NOT NULL'
-                      ELSE 'attempt > 0' END;
-    IF inbox__has_column(queue, 'dead_at') THEN
-        dead := '(locked_until = ''infinity'' AND dead_at IS NOT NULL)';
-        in_group := CASE WHEN inbox__has_column(queue, 'group_key')
-                         THEN '(locked_until = ''infinity'' AND dead_at IS NULL)' ELSE 'false' END;
-    ELSE
-        dead := '(locked_until = ''infinity'')';
-        in_group := 'false';
-    END IF;
+    -- The states as inbox_jobs and inbox_queues tell them apart (observe.sql).
+    states := inbox__observed_states(inbox__queue_shape(queue),
+                                                 pg_catalog.format('%L::pg_catalog.timestamptz', now));
     conditions := conditions OPERATOR(pg_catalog.||) CASE state
-        WHEN 'ready' THEN pg_catalog.format(CASE WHEN nullable THEN '(locked_until IS NULL OR locked_until <= %1$s)'
-                                                 ELSE '(locked_until <= %1$s)' END, clock)
-        WHEN 'delayed' THEN pg_catalog.format('((%s AND NOT %s) OR %s)', timed, delivered, in_group)
-        WHEN 'leased' THEN pg_catalog.format('(%s AND %s)', timed, delivered)
-        WHEN 'dead' THEN dead
+        WHEN 'ready' THEN states.ready
+        WHEN 'delayed' THEN states.delayed
+        WHEN 'leased' THEN states.leased
+        WHEN 'dead' THEN states.dead
         WHEN 'cancelled' THEN CASE WHEN inbox__has_column(queue, 'last_error')
-                                   THEN pg_catalog.format('(%s AND last_error = ''cancelled'')', dead) ELSE 'false' END
+                                   THEN pg_catalog.format('(%s AND last_error = ''cancelled'')', states.dead) ELSE 'false' END
         ELSE 'true' END;
     IF priority IS NOT NULL THEN
         PERFORM inbox__filter_column(queue, 'priority');
@@ -1945,28 +1928,31 @@ COMMENT ON FUNCTION inbox__limits_allow(pg_catalog.regclass) IS
 --
 -- References to the extension's own objects are written name (see outbox.sql).
 
--- The conditions that tell a queue's states apart, $1 being now, as inbox_stats counts them: a job
--- waiting behind its group's head is delayed. Unlike the shape's dead_predicate, `dead_at` alone
--- (without group_key) already decides which 'infinity' rows are dead here.
+-- The conditions that tell a queue's states apart, `clock` being the SQL of now ($1 here, a
+-- literal for the job browser's filters, browse.sql), as inbox_stats counts them: a job waiting
+-- behind its group's head is delayed. Unlike the shape's dead_predicate, `dead_at` alone (without
+-- group_key) already decides which 'infinity' rows are dead here.
+-- Installed by an earlier version: without clock.
+DROP FUNCTION IF EXISTS inbox__observed_states(inbox__queue_shape);
 CREATE OR REPLACE FUNCTION inbox__observed_states(
-    shape inbox__queue_shape,
+    shape inbox__queue_shape, clock text,
     OUT ready text, OUT delayed text, OUT leased text, OUT dead text)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path FROM CURRENT
 AS $function$
 DECLARE
-    timed constant text := '(locked_until > $1 AND locked_until < ''infinity'')';
+    timed constant text := format('(locked_until > %s AND locked_until < ''infinity'')', clock);
     delivered text;
     in_group text;
 BEGIN
-    ready := CASE WHEN shape.nullable_locked_until
-                  THEN '(locked_until IS NULL OR locked_until <= $1)'
-                  ELSE 'locked_until <= $1' END;
+    ready := format(CASE WHEN shape.nullable_locked_until
+                         THEN '(locked_until IS NULL OR locked_until <= %s)'
+                         ELSE '(locked_until <= %s)' END, clock);
     -- Without leased_at a delivered job waiting for its locked_until counts as leased.
     delivered := CASE WHEN shape.has_leased_at THEN 'leased_at IS NOT NULL' ELSE 'attempt > 0' END;
     dead := CASE WHEN shape.has_dead_at
                  THEN '(locked_until = ''infinity'' AND dead_at IS NOT NULL)'
-                 ELSE 'locked_until = ''infinity''' END;
+                 ELSE '(locked_until = ''infinity'')' END;
     in_group := CASE WHEN shape.has_dead_at AND shape.has_group_key
                      THEN '(locked_until = ''infinity'' AND dead_at IS NULL)'
                      ELSE 'false' END;
@@ -1975,8 +1961,7 @@ BEGIN
 END
 $function$;
 
--- Seconds of an interval, months counted as 30 days, in the order of floating-point operations
--- that inbox_metrics of the pgrx build uses (so both give the same double).
+-- Seconds of an interval, months counted as 30 days.
 CREATE OR REPLACE FUNCTION inbox__interval_seconds(span interval)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -2041,7 +2026,7 @@ BEGIN
         -- Dropped (or renamed, and its name taken) between the listing and the lock.
         CONTINUE WHEN to_regclass(candidate.name) IS DISTINCT FROM candidate.oid::regclass;
         shape := inbox__queue_shape(candidate.oid::regclass);
-        states := inbox__observed_states(shape);
+        states := inbox__observed_states(shape, '$1');
         queue := candidate.oid::regclass;
         queue_name := candidate.name;
         records_leases := shape.has_leased_at;
@@ -2113,7 +2098,7 @@ BEGIN
             MESSAGE = 'max must be at least 1';
     END IF;
     shape := inbox__queue_shape(queue);
-    states := inbox__observed_states(shape);
+    states := inbox__observed_states(shape, '$1');
     filter := CASE wanted WHEN 'ready' THEN states.ready WHEN 'delayed' THEN states.delayed
                          WHEN 'leased' THEN states.leased WHEN 'dead' THEN states.dead
                          ELSE 'true' END;

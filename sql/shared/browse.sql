@@ -35,12 +35,7 @@ CREATE OR REPLACE FUNCTION inbox__job_filter(queue pg_catalog.regclass, state pg
 RETURNS pg_catalog.text
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    clock constant pg_catalog.text := pg_catalog.format('%L::pg_catalog.timestamptz', now);
-    nullable pg_catalog.bool;
-    timed pg_catalog.text;
-    delivered pg_catalog.text;
-    dead pg_catalog.text;
-    in_group pg_catalog.text;
+    states record;
     conditions pg_catalog.text[] := ARRAY['true'];
 BEGIN
     PERFORM @extschema@.inbox__check_queue(queue);
@@ -48,28 +43,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = pg_catalog.format('unknown job state "%s": expected ready, delayed, leased, dead or cancelled', state);
     END IF;
-    SELECT NOT a.attnotnull INTO nullable FROM pg_catalog.pg_attribute a
-     WHERE a.attrelid OPERATOR(pg_catalog.=) queue::pg_catalog.oid AND a.attname OPERATOR(pg_catalog.=) 'locked_until';
-    timed := pg_catalog.format('(locked_until > %1$s AND locked_until < ''infinity'')', clock);
-    -- Without leased_at a delivered job waiting for its locked_until counts as leased.
-    delivered := CASE WHEN @extschema@.inbox__has_column(queue, 'leased_at') THEN 'leased_at IS NOT NULL'
-                      ELSE 'attempt > 0' END;
-    IF @extschema@.inbox__has_column(queue, 'dead_at') THEN
-        dead := '(locked_until = ''infinity'' AND dead_at IS NOT NULL)';
-        in_group := CASE WHEN @extschema@.inbox__has_column(queue, 'group_key')
-                         THEN '(locked_until = ''infinity'' AND dead_at IS NULL)' ELSE 'false' END;
-    ELSE
-        dead := '(locked_until = ''infinity'')';
-        in_group := 'false';
-    END IF;
+    -- The states as inbox_jobs and inbox_queues tell them apart (observe.sql).
+    states := @extschema@.inbox__observed_states(@extschema@.inbox__queue_shape(queue),
+                                                 pg_catalog.format('%L::pg_catalog.timestamptz', now));
     conditions := conditions OPERATOR(pg_catalog.||) CASE state
-        WHEN 'ready' THEN pg_catalog.format(CASE WHEN nullable THEN '(locked_until IS NULL OR locked_until <= %1$s)'
-                                                 ELSE '(locked_until <= %1$s)' END, clock)
-        WHEN 'delayed' THEN pg_catalog.format('((%s AND NOT %s) OR %s)', timed, delivered, in_group)
-        WHEN 'leased' THEN pg_catalog.format('(%s AND %s)', timed, delivered)
-        WHEN 'dead' THEN dead
+        WHEN 'ready' THEN states.ready
+        WHEN 'delayed' THEN states.delayed
+        WHEN 'leased' THEN states.leased
+        WHEN 'dead' THEN states.dead
         WHEN 'cancelled' THEN CASE WHEN @extschema@.inbox__has_column(queue, 'last_error')
-                                   THEN pg_catalog.format('(%s AND last_error = ''cancelled'')', dead) ELSE 'false' END
+                                   THEN pg_catalog.format('(%s AND last_error = ''cancelled'')', states.dead) ELSE 'false' END
         ELSE 'true' END;
     IF priority IS NOT NULL THEN
         PERFORM @extschema@.inbox__filter_column(queue, 'priority');

@@ -5,28 +5,31 @@
 --
 -- References to the extension's own objects are written @extschema@.name (see outbox.sql).
 
--- The conditions that tell a queue's states apart, $1 being now, as inbox_stats counts them: a job
--- waiting behind its group's head is delayed. Unlike the shape's dead_predicate, `dead_at` alone
--- (without group_key) already decides which 'infinity' rows are dead here.
+-- The conditions that tell a queue's states apart, `clock` being the SQL of now ($1 here, a
+-- literal for the job browser's filters, browse.sql), as inbox_stats counts them: a job waiting
+-- behind its group's head is delayed. Unlike the shape's dead_predicate, `dead_at` alone (without
+-- group_key) already decides which 'infinity' rows are dead here.
+-- Installed by an earlier version: without clock.
+DROP FUNCTION IF EXISTS inbox__observed_states(@extschema@.inbox__queue_shape);
 CREATE OR REPLACE FUNCTION inbox__observed_states(
-    shape @extschema@.inbox__queue_shape,
+    shape @extschema@.inbox__queue_shape, clock text,
     OUT ready text, OUT delayed text, OUT leased text, OUT dead text)
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $function$
 DECLARE
-    timed constant text := '(locked_until > $1 AND locked_until < ''infinity'')';
+    timed constant text := format('(locked_until > %s AND locked_until < ''infinity'')', clock);
     delivered text;
     in_group text;
 BEGIN
-    ready := CASE WHEN shape.nullable_locked_until
-                  THEN '(locked_until IS NULL OR locked_until <= $1)'
-                  ELSE 'locked_until <= $1' END;
+    ready := format(CASE WHEN shape.nullable_locked_until
+                         THEN '(locked_until IS NULL OR locked_until <= %s)'
+                         ELSE '(locked_until <= %s)' END, clock);
     -- Without leased_at a delivered job waiting for its locked_until counts as leased.
     delivered := CASE WHEN shape.has_leased_at THEN 'leased_at IS NOT NULL' ELSE 'attempt > 0' END;
     dead := CASE WHEN shape.has_dead_at
                  THEN '(locked_until = ''infinity'' AND dead_at IS NOT NULL)'
-                 ELSE 'locked_until = ''infinity''' END;
+                 ELSE '(locked_until = ''infinity'')' END;
     in_group := CASE WHEN shape.has_dead_at AND shape.has_group_key
                      THEN '(locked_until = ''infinity'' AND dead_at IS NULL)'
                      ELSE 'false' END;
@@ -35,8 +38,7 @@ BEGIN
 END
 $function$;
 
--- Seconds of an interval, months counted as 30 days, in the order of floating-point operations
--- that inbox_metrics of the pgrx build uses (so both give the same double).
+-- Seconds of an interval, months counted as 30 days.
 CREATE OR REPLACE FUNCTION inbox__interval_seconds(span interval)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -101,7 +103,7 @@ BEGIN
         -- Dropped (or renamed, and its name taken) between the listing and the lock.
         CONTINUE WHEN to_regclass(candidate.name) IS DISTINCT FROM candidate.oid::regclass;
         shape := @extschema@.inbox__queue_shape(candidate.oid::regclass);
-        states := @extschema@.inbox__observed_states(shape);
+        states := @extschema@.inbox__observed_states(shape, '$1');
         queue := candidate.oid::regclass;
         queue_name := candidate.name;
         records_leases := shape.has_leased_at;
@@ -173,7 +175,7 @@ BEGIN
             MESSAGE = 'max must be at least 1';
     END IF;
     shape := @extschema@.inbox__queue_shape(queue);
-    states := @extschema@.inbox__observed_states(shape);
+    states := @extschema@.inbox__observed_states(shape, '$1');
     filter := CASE wanted WHEN 'ready' THEN states.ready WHEN 'delayed' THEN states.delayed
                          WHEN 'leased' THEN states.leased WHEN 'dead' THEN states.dead
                          ELSE 'true' END;
