@@ -94,7 +94,7 @@ pub use database::Database;
 pub use error::{DbError, ErrorKind};
 pub use inbox::Inbox;
 pub use mode::StatementMode;
-pub use pg::{PgDatabase, DATABASE_URL};
+pub use pg::{default_pool_size, PgDatabase, DATABASE_URL};
 pub use queue::{
     BatchOptions, DeadJob, EnqueueOptions, Queue, QueueLimits, QueueStats, RateLimit, UniqueUntil,
 };

@@ -17,6 +17,13 @@ use crate::tx::PgTransaction;
 /// The environment variable [`PgDatabase::from_env`] reads.
 pub const DATABASE_URL: &str = "DATABASE_URL";
 
+/// The size of the pool [`PgDatabase::connect`] builds: four connections per CPU, so that a
+/// transactional worker's `workers(8)` runs 7 slots on 2 CPUs (one connection is the
+/// heartbeat's). deadpool's own default (two per CPU since its 0.13) would leave it 3.
+pub fn default_pool_size() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) * 4
+}
+
 /// The [`Database`] port over a connection pool: each call takes a pooled connection, and
 /// [`batch_atomic`](Database::batch_atomic) runs its statements in one transaction on one
 /// connection. Statements are prepared once per connection and cached, unless the port is
@@ -123,7 +130,7 @@ impl PgDatabase {
             .behind_pooler(direct))
     }
 
-    /// Builds a pool (without TLS, of deadpool's default size) for the libpq-style connection
+    /// Builds a pool (without TLS, of [`default_pool_size`] connections) for the libpq-style connection
     /// string `url` (`postgres://user:password@host:port/db` or `host=... user=...`) and checks it
     /// by opening one connection.
     ///
@@ -135,7 +142,7 @@ impl PgDatabase {
     }
 
     /// As [`connect`](Self::connect), with a pool of at most `max_size` connections (`None`:
-    /// deadpool's default). A worker needs one per concurrent delivery, plus one for heartbeats.
+    /// [`default_pool_size`]). A worker needs one per concurrent delivery, plus one for heartbeats.
     ///
     /// # Errors
     /// As [`connect`](Self::connect).
@@ -157,11 +164,8 @@ impl PgDatabase {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let mut builder = Pool::builder(manager);
-        if let Some(max_size) = max_size {
-            builder = builder.max_size(max_size);
-        }
-        let pool = builder
+        let pool = Pool::builder(manager)
+            .max_size(max_size.unwrap_or_else(default_pool_size))
             .build()
             .map_err(|e| DbError::new(ErrorKind::Other, format!("cannot build the pool: {e}")))?;
         drop(pool.get().await?);

@@ -532,8 +532,12 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
 
     /// How many deliveries run at once (default 4). A transactional worker runs them in slots
     /// that hold one pooled connection each, leaving one of the pool for the heartbeat: with a
-    /// pool of `n` connections it runs at most `n - 1` slots (deadpool's default pool has four
-    /// per CPU), and its groups make up for it.
+    /// pool of `n` connections it runs at most `n - 1` slots ([`PgDatabase::connect`]'s pool has
+    /// four per CPU, [`default_pool_size`]), and says so in a warning when that is fewer than
+    /// asked; its groups make up for it.
+    ///
+    /// [`PgDatabase::connect`]: crate::PgDatabase::connect
+    /// [`default_pool_size`]: crate::default_pool_size
     pub fn workers(mut self, n: usize) -> Self {
         self.settings.workers = n.max(1);
         self
@@ -697,7 +701,13 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         }
         match self.mode {
             Mode::Transactional(handler) => {
-                for _ in 0..transactional::slots(&shared) {
+                let slots = transactional::slots(&shared);
+                if slots < shared.settings.workers {
+                    tracing::warn!(queue = %shared.queue, workers = shared.settings.workers, slots,
+                        pool = shared.db.pool().status().max_size,
+                        "the pool has room for fewer slots than workers asked for (one connection per slot, plus the heartbeat's)");
+                }
+                for _ in 0..slots {
                     tasks.spawn(transactional::run(shared.clone(), handler.clone()));
                 }
             }

@@ -298,7 +298,7 @@ pub async fn child(ctx: &Ctx, args: &[String]) -> Result<()> {
 /// The handler's insert, as figure 4's.
 const INSERT_DONE: &str = "INSERT INTO bench_done_inbox (n) VALUES ($1)";
 
-/// A pool with deadpool's default size, as `PgDatabase::connect` builds it.
+/// A pool of the default size, as `PgDatabase::connect` builds it.
 fn default_database(ctx: &Ctx) -> Result<PgDatabase> {
     let manager = Manager::from_config(
         ctx.config.clone(),
@@ -307,7 +307,9 @@ fn default_database(ctx: &Ctx) -> Result<PgDatabase> {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    let pool = Pool::builder(manager).build()?;
+    let pool = Pool::builder(manager)
+        .max_size(inbox_client::default_pool_size())
+        .build()?;
     Ok(PgDatabase::from_pool_and_config(pool, ctx.config.clone()))
 }
 
