@@ -6,7 +6,7 @@
 //! checks that every job was done, and prints its rate, its own CPU time, the CPU time of its
 //! server backends and its peak RSS.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -340,15 +340,21 @@ async fn run_worker(ctx: &Ctx, form: Form, jobs: u64) -> Result<WorkerHandle> {
         .batch_size(PLAIN_BATCH)
         .start(),
     };
+    watch_until(jobs, || handle.stats().acked, || false).await?;
+    Ok(handle)
+}
+
+/// Waits until `count` reaches `jobs` (or `failed`), looking every 2 ms (a finer look costs the
+/// process CPU of its own); at most 5 minutes.
+async fn watch_until(jobs: u64, count: impl Fn() -> u64, failed: impl Fn() -> bool) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(300);
-    while handle.stats().acked < jobs {
+    while count() < jobs && !failed() {
         if Instant::now() > deadline {
-            return Err(format!("only {} of {jobs} jobs done", handle.stats().acked).into());
+            return Err(format!("only {} of {jobs} jobs done", count()).into());
         }
-        // Looked at every 2 ms: a finer poll costs the worker process CPU of its own.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    Ok(handle)
+    Ok(())
 }
 
 /// The raw loops: the same transactions as the worker, written by hand with prepared statements,
@@ -372,14 +378,15 @@ async fn run_raw(ctx: &Ctx, form: Form, jobs: u64) -> Result<(u64, Vec<tokio_pos
     );
     let insert = format!("INSERT INTO {} (n) VALUES ($1)", Side::Raw.done());
     let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..connections {
         let mut client = ctx.connect().await?;
         let lease = client.prepare(&lease).await?;
         let ack = client.prepare(&ack).await?;
         let insert = client.prepare(&insert).await?;
-        let done = done.clone();
-        tasks.spawn(async move {
+        let (done, failed) = (done.clone(), failed.clone());
+        let one_loop = async move {
             let mut rows = client.query(&lease, &[]).await?;
             while !rows.is_empty() {
                 let mut ids = Vec::with_capacity(rows.len());
@@ -411,8 +418,20 @@ async fn run_raw(ctx: &Ctx, form: Form, jobs: u64) -> Result<(u64, Vec<tokio_pos
                 rows = next;
             }
             Result::Ok(client)
+        };
+        tasks.spawn(async move {
+            let ended = one_loop.await;
+            failed.fetch_or(ended.is_err(), Ordering::Relaxed);
+            ended
         });
     }
+    // Watched as the worker is, so that both processes pay for the watch (about 2 µs a job).
+    watch_until(
+        jobs,
+        || done.load(Ordering::Relaxed),
+        || failed.load(Ordering::Relaxed),
+    )
+    .await?;
     let mut clients = Vec::new();
     while let Some(result) = tasks.join_next().await {
         clients.push(result??);
