@@ -22,7 +22,11 @@ source scripts/lib.sh
 # The database every node serves, with citus and inbox in it.
 CITUS_DB=inbox_citus
 
-citus_installed() { [[ -f "$("$PG_CONFIG" --pkglibdir)/citus.so" ]]; }
+# The library and the extension's control file: an install that was interrupted may have copied
+# the one without the other.
+citus_installed() {
+  [[ -f "$("$PG_CONFIG" --pkglibdir)/citus.so" && -f "$("$PG_CONFIG" --sharedir)/extension/citus.control" ]]
+}
 
 install_citus() {
   if citus_installed; then
