@@ -51,8 +51,9 @@ BEGIN
     IF tokens IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'tokens must not be NULL';
     END IF;
-    given := inbox__array_length(ids, 'ids');
+    -- inbox__ack_batch checks the arrays (one dimension, as many ids as tokens) first.
     acked := inbox__ack_batch(queue, ids, tokens);
+    given := cardinality(ids);
     IF acked <> given THEN
         RAISE EXCEPTION USING ERRCODE = '55000',
             MESSAGE = format('%s of %s jobs are no longer held by their tokens', given - acked, given);
