@@ -4,20 +4,35 @@
 --
 -- References to the extension's own objects are written @extschema@.name (see outbox.sql).
 
--- One bounded batch of a purge: the rows are found first, then deleted by ctid. Returns how many.
-CREATE OR REPLACE FUNCTION inbox__purge_batch(table_sql text, older_than timestamptz, batch bigint)
+-- Installed by an earlier version: the batch function the purges called.
+DROP FUNCTION IF EXISTS inbox__purge_batch(text, timestamptz, bigint);
+
+-- Deletes the keys of `ledger` seen before `older_than`, at most `max` (NULL: all), in batches of
+-- 10,000: each batch's rows are found first, then deleted by ctid. Returns how many. The body of
+-- both purges, which check their arguments first.
+CREATE OR REPLACE FUNCTION inbox__purge(ledger regclass, older_than timestamptz, max bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $function$
 DECLARE
+    batch_size constant bigint := 10000;
+    table_sql constant text := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
+    purged bigint := 0;
+    batch bigint;
     deleted bigint;
 BEGIN
-    EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
-                   ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
-      USING older_than, batch;
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
+    PERFORM @extschema@.inbox__citus_check_purge(ledger);
+    LOOP
+        batch := least(max - purged, batch_size);
+        EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
+                       ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
+          USING older_than, batch;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        purged := purged + deleted;
+        EXIT WHEN deleted < batch OR purged = max;
+    END LOOP;
+    RETURN purged;
 END
 $function$;
 
@@ -27,22 +42,10 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    deleted bigint;
 BEGIN
     PERFORM @extschema@.inbox__required(ledger, 'ledger');
     PERFORM @extschema@.inbox__finite_time(older_than, 'older_than');
-    table_sql := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
-    PERFORM @extschema@.inbox__citus_check_purge(ledger);
-    LOOP
-        deleted := @extschema@.inbox__purge_batch(table_sql, older_than, batch_size);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch_size;
-    END LOOP;
-    RETURN purged;
+    RETURN @extschema@.inbox__purge(ledger, older_than, NULL);
 END
 $function$;
 
@@ -52,12 +55,6 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    batch bigint;
-    deleted bigint;
 BEGIN
     PERFORM @extschema@.inbox__required(ledger, 'ledger');
     IF NOT isfinite(@extschema@.inbox__required(older_than, 'older_than')) THEN
@@ -68,14 +65,6 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'max must be at least 1';
     END IF;
-    table_sql := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
-    PERFORM @extschema@.inbox__citus_check_purge(ledger);
-    WHILE purged < max LOOP
-        batch := least(max - purged, batch_size);
-        deleted := @extschema@.inbox__purge_batch(table_sql, older_than, batch);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch;
-    END LOOP;
-    RETURN purged;
+    RETURN @extschema@.inbox__purge(ledger, older_than, max);
 END
 $function$;
