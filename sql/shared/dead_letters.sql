@@ -27,28 +27,38 @@ CREATE OR REPLACE FUNCTION inbox__dead_order(shape @extschema@.inbox__queue_shap
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN shape.has_dead_at THEN 'dead_at, id' ELSE 'id' END;
 
+-- Requeues the dead jobs of `queue` that `target` picks (a condition on $1, `value`) and promotes
+-- the heads of the groups they rejoin; returns how many. The body of both requeues.
+CREATE OR REPLACE FUNCTION inbox__requeue(queue pg_catalog.regclass, target pg_catalog.text, value pg_catalog.int8)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shape constant @extschema@.inbox__queue_shape := @extschema@.inbox__queue_shape(queue);
+    requeued bigint;
+    groups text[];
+BEGIN
+    EXECUTE format(
+        'WITH requeued AS (UPDATE %1$s SET %2$s WHERE %3$s AND %4$s%5$s) '
+        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
+        shape.table_sql, @extschema@.inbox__requeue_set(shape),
+        format(target, shape.table_sql, shape.dead_predicate, @extschema@.inbox__dead_order(shape)),
+        shape.dead_predicate, @extschema@.inbox__requeued_group(shape))
+      INTO requeued, groups USING value, clock_timestamp();
+    IF groups IS NOT NULL THEN
+        PERFORM @extschema@.inbox__groups_settled(queue, groups);
+    END IF;
+    RETURN requeued;
+END
+$$;
+
 -- Runs dead job `id` again: due now, its attempts counted from zero. False when the job is not
 -- dead (or not there).
 CREATE OR REPLACE FUNCTION inbox_requeue(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    shape @extschema@.inbox__queue_shape;
-    requeued bigint;
-    groups text[];
 BEGIN
     PERFORM @extschema@.inbox__required(queue, 'queue');
     PERFORM @extschema@.inbox__required(id, 'id');
-    shape := @extschema@.inbox__queue_shape(queue);
-    EXECUTE format(
-        'WITH requeued AS (UPDATE %s SET %s WHERE id = $1 AND %s%s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, @extschema@.inbox__requeue_set(shape), shape.dead_predicate,
-        @extschema@.inbox__requeued_group(shape))
-      INTO requeued, groups USING id, clock_timestamp();
-    IF groups IS NOT NULL THEN
-        PERFORM @extschema@.inbox__groups_settled(queue, groups);
-    END IF;
-    RETURN requeued = 1;
+    RETURN @extschema@.inbox__requeue(queue, 'id = $1', id) = 1;
 END
 $$;
 COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
@@ -58,30 +68,16 @@ COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
 CREATE OR REPLACE FUNCTION inbox_requeue_dead(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT NULL)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    shape @extschema@.inbox__queue_shape;
-    requeued bigint;
-    groups text[];
 BEGIN
     PERFORM @extschema@.inbox__required(queue, 'queue');
     IF max < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
     END IF;
-    shape := @extschema@.inbox__queue_shape(queue);
-    -- Skips dead jobs that another transaction is requeueing or discarding.
-    EXECUTE format(
-        'WITH requeued AS (UPDATE %1$s SET %2$s '
-        '  WHERE id = ANY (ARRAY(SELECT id FROM %1$s WHERE %3$s ORDER BY %4$s LIMIT $1 '
-        '                        FOR UPDATE SKIP LOCKED)) '
-        '    AND %3$s%5$s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, @extschema@.inbox__requeue_set(shape), shape.dead_predicate,
-        @extschema@.inbox__dead_order(shape), @extschema@.inbox__requeued_group(shape))
-      INTO requeued, groups USING max::int8, clock_timestamp();
-    IF groups IS NOT NULL THEN
-        PERFORM @extschema@.inbox__groups_settled(queue, groups);
-    END IF;
-    RETURN requeued;
+    -- The oldest first (the table %1$s, the dead %2$s, their order %3$s), skipping dead jobs that
+    -- another transaction is requeueing or discarding.
+    RETURN @extschema@.inbox__requeue(queue,
+        'id = ANY (ARRAY(SELECT id FROM %1$s WHERE %2$s ORDER BY %3$s LIMIT $1 FOR UPDATE SKIP LOCKED))',
+        max);
 END
 $$;
 COMMENT ON FUNCTION inbox_requeue_dead(pg_catalog.regclass, pg_catalog.int4) IS
