@@ -1,32 +1,32 @@
 //! What operators and exporters call is written once in SQL for both builds (`sql/shared/`):
 //! dead letters, `inbox_queues`, `inbox_metrics`, `inbox_jobs`, the ledger purges and the job
 //! browser. None is on a worker's path: each reads its table's shape from the catalog
-//! (`shape.sql`) and builds its statement per call, which costs a call a few tenths of a
-//! millisecond more than a kept native plan and nothing per row. This module only places the
-//! files in the extension's script; the group promotion a requeue needs is `groups.rs`'s.
+//! (`shape.sql`) and builds its statement per call, where the job path keeps native plans. This
+//! module only places the files in the extension's script; the group promotion a requeue needs is
+//! `groups.rs`'s.
 
 use pgrx::prelude::*;
 
-// Browsing a queue's jobs (pages, counts, one job, dead letters by error). After citus.sql,
-// which also follows workflows.sql: one order, so that the generated schema is the same at every
-// build.
-extension_sql_file!(
-    "../../sql/shared/browse.sql",
-    name = "browse",
-    requires = ["citus"]
-);
-
-// The queue and ledger shapes of the files below.
+// The queue and ledger shapes of the files below (and of browse.sql). After citus.sql, which also
+// follows workflows.sql: one order, so that the generated schema is the same at every build.
 extension_sql_file!(
     "../../sql/shared/shape.sql",
     name = "shape",
-    requires = ["schedule_runs"]
+    requires = ["citus"]
 );
 
+// Browsing a queue's jobs (pages, counts, one job, dead letters by error).
+extension_sql_file!(
+    "../../sql/shared/browse.sql",
+    name = "browse",
+    requires = ["shape"]
+);
+
+// After schedule_runs.sql, which follows browse.sql.
 extension_sql_file!(
     "../../sql/shared/dead_letters.sql",
     name = "dead_letters",
-    requires = ["shape"]
+    requires = ["schedule_runs"]
 );
 
 extension_sql_file!(

@@ -35,6 +35,7 @@ CREATE OR REPLACE FUNCTION inbox__job_filter(queue pg_catalog.regclass, state pg
 RETURNS pg_catalog.text
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    shape @extschema@.inbox__queue_shape;
     states record;
     conditions pg_catalog.text[] := ARRAY['true'];
 BEGIN
@@ -44,14 +45,14 @@ BEGIN
             MESSAGE = pg_catalog.format('unknown job state "%s": expected ready, delayed, leased, dead or cancelled', state);
     END IF;
     -- The states as inbox_jobs and inbox_queues tell them apart (observe.sql).
-    states := @extschema@.inbox__observed_states(@extschema@.inbox__queue_shape(queue),
-                                                 pg_catalog.format('%L::pg_catalog.timestamptz', now));
+    shape := @extschema@.inbox__queue_shape(queue);
+    states := @extschema@.inbox__observed_states(shape, pg_catalog.format('%L::pg_catalog.timestamptz', now));
     conditions := conditions OPERATOR(pg_catalog.||) CASE state
         WHEN 'ready' THEN states.ready
         WHEN 'delayed' THEN states.delayed
         WHEN 'leased' THEN states.leased
         WHEN 'dead' THEN states.dead
-        WHEN 'cancelled' THEN CASE WHEN @extschema@.inbox__has_column(queue, 'last_error')
+        WHEN 'cancelled' THEN CASE WHEN shape.has_last_error
                                    THEN pg_catalog.format('(%s AND last_error = ''cancelled'')', states.dead) ELSE 'false' END
         ELSE 'true' END;
     IF priority IS NOT NULL THEN
