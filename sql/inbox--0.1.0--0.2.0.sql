@@ -2899,6 +2899,163 @@ $$;
 COMMENT ON FUNCTION inbox__citus_check_local(pg_catalog.regclass, pg_catalog.text) IS
     'Raises 0A000 when a capability that writes the extension''s own tables is used on a queue Citus distributes.';
 
+DO $types$
+DECLARE
+    field pg_catalog.text;
+BEGIN
+    IF pg_catalog.to_regtype('@extschema@.inbox__queue_shape') IS NULL THEN
+        CREATE TYPE @extschema@.inbox__queue_shape AS (
+            table_sql pg_catalog.text,
+            payload pg_catalog.text,
+            nullable_locked_until pg_catalog.bool,
+            has_key pg_catalog.bool,
+            has_last_error pg_catalog.bool,
+            has_leased_at pg_catalog.bool,
+            has_priority pg_catalog.bool,
+            has_group_key pg_catalog.bool,
+            has_dead_at pg_catalog.bool,
+            has_run_at pg_catalog.bool,
+            groups pg_catalog.bool,
+            dead_predicate pg_catalog.text,
+            has_snoozes pg_catalog.bool,
+            has_timeout pg_catalog.bool,
+            has_errors pg_catalog.bool
+        );
+    END IF;
+    -- Installed by an earlier version of the SQL-only build: the fields added since.
+    FOR field IN SELECT pg_catalog.unnest(ARRAY['has_snoozes', 'has_timeout', 'has_errors']) LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
+                        WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
+                                           WHERE oid = pg_catalog.to_regtype('@extschema@.inbox__queue_shape'))
+                          AND attname = field AND NOT attisdropped) THEN
+            EXECUTE pg_catalog.format('ALTER TYPE @extschema@.inbox__queue_shape ADD ATTRIBUTE %I pg_catalog.bool', field);
+        END IF;
+    END LOOP;
+    IF pg_catalog.to_regtype('@extschema@.inbox__ledger_shape') IS NULL THEN
+        CREATE TYPE @extschema@.inbox__ledger_shape AS (table_sql pg_catalog.text);
+    END IF;
+END
+$types$;
+
+CREATE OR REPLACE FUNCTION inbox__finite_time(value pg_catalog.timestamptz, argument pg_catalog.text)
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
+    END IF;
+    IF NOT pg_catalog.isfinite(value) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('%s must be a finite time, not %s',
+            argument, CASE WHEN value > 'epoch'::pg_catalog.timestamptz THEN 'infinity' ELSE '-infinity' END);
+    END IF;
+    RETURN value;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__checked_columns(tab pg_catalog.regclass, kind pg_catalog.text,
+                                                  names pg_catalog.text[], kinds pg_catalog.text,
+                                                  required pg_catalog.int4, OUT table_sql pg_catalog.text,
+                                                  OUT types pg_catalog.oid[], OUT not_nulls pg_catalog.bool[])
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    relkind text;
+    found_names text[];
+    found_types oid[];
+    found_not_nulls bool[];
+    accepted oid[];
+    at int;
+BEGIN
+    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname),
+           array_agg(a.attname::text), array_agg(a.atttypid), array_agg(a.attnotnull)
+      INTO relkind, table_sql, found_names, found_types, found_not_nulls
+      FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+      LEFT JOIN pg_attribute a
+             ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (names)
+     WHERE c.oid = tab
+     GROUP BY 1, 2;
+    IF relkind IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('no table with oid %s', tab::oid);
+    END IF;
+    IF relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', table_sql);
+    END IF;
+    types := '{}';
+    not_nulls := '{}';
+    FOR i IN 1 .. cardinality(names) LOOP
+        at := array_position(found_names, names[i]);
+        IF at IS NULL THEN
+            IF i <= required THEN
+                RAISE EXCEPTION USING ERRCODE = '42703',
+                    MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, names[i]);
+            END IF;
+            types := types || NULL::oid;
+            not_nulls := not_nulls || false;
+            CONTINUE;
+        END IF;
+        accepted := CASE substr(kinds, i, 1)
+                        WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
+                        WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
+                        WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
+                        WHEN 'v' THEN '{1186}'::oid[]       -- interval
+                        WHEN 'j' THEN '{3802}'::oid[]       -- jsonb
+                        ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
+        IF NOT found_types[at] = ANY (accepted) THEN
+            RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
+                'column "%s" of %s table %s is of type %s, expected %s', names[i], kind, table_sql,
+                format_type(found_types[at], NULL),
+                array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
+        END IF;
+        types := types || found_types[at];
+        not_nulls := not_nulls || found_not_nulls[at];
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__queue_shape(queue pg_catalog.regclass) RETURNS @extschema@.inbox__queue_shape
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t record;
+    shape @extschema@.inbox__queue_shape;
+BEGIN
+    IF queue IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
+    END IF;
+    t := @extschema@.inbox__checked_columns(queue, 'queue',
+        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout,errors}',
+        'iitpxxtixttivj', 4);
+    shape.table_sql := t.table_sql;
+    shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
+    shape.nullable_locked_until := NOT t.not_nulls[3];
+    shape.has_key := t.types[5] IS NOT NULL;
+    shape.has_last_error := t.types[6] IS NOT NULL;
+    shape.has_leased_at := t.types[7] IS NOT NULL;
+    shape.has_priority := t.types[8] IS NOT NULL;
+    shape.has_group_key := t.types[9] IS NOT NULL;
+    shape.has_dead_at := t.types[10] IS NOT NULL;
+    shape.has_run_at := t.types[11] IS NOT NULL;
+    shape.has_snoozes := t.types[12] IS NOT NULL;
+    shape.has_timeout := t.types[13] IS NOT NULL;
+    shape.has_errors := t.types[14] IS NOT NULL;
+    shape.groups := shape.has_group_key AND shape.has_dead_at;
+    -- Only where a job can also wait in its group does dead_at tell the two apart.
+    shape.dead_predicate := CASE WHEN shape.groups
+        THEN 'locked_until = ''infinity'' AND dead_at IS NOT NULL'
+        ELSE 'locked_until = ''infinity''' END;
+    RETURN shape;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox__ledger_shape(ledger pg_catalog.regclass) RETURNS @extschema@.inbox__ledger_shape
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF ledger IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ledger must not be NULL';
+    END IF;
+    RETURN ROW((@extschema@.inbox__checked_columns(ledger, 'ledger', '{event_key,seen_at}', 'xt', 2)).table_sql)::@extschema@.inbox__ledger_shape;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION inbox__filter_column(queue pg_catalog.regclass, name pg_catalog.text) RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -2917,6 +3074,7 @@ CREATE OR REPLACE FUNCTION inbox__job_filter(queue pg_catalog.regclass, state pg
 RETURNS pg_catalog.text
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    shape @extschema@.inbox__queue_shape;
     states record;
     conditions pg_catalog.text[] := ARRAY['true'];
 BEGIN
@@ -2926,14 +3084,14 @@ BEGIN
             MESSAGE = pg_catalog.format('unknown job state "%s": expected ready, delayed, leased, dead or cancelled', state);
     END IF;
     -- The states as inbox_jobs and inbox_queues tell them apart (observe.sql).
-    states := @extschema@.inbox__observed_states(@extschema@.inbox__queue_shape(queue),
-                                                 pg_catalog.format('%L::pg_catalog.timestamptz', now));
+    shape := @extschema@.inbox__queue_shape(queue);
+    states := @extschema@.inbox__observed_states(shape, pg_catalog.format('%L::pg_catalog.timestamptz', now));
     conditions := conditions OPERATOR(pg_catalog.||) CASE state
         WHEN 'ready' THEN states.ready
         WHEN 'delayed' THEN states.delayed
         WHEN 'leased' THEN states.leased
         WHEN 'dead' THEN states.dead
-        WHEN 'cancelled' THEN CASE WHEN @extschema@.inbox__has_column(queue, 'last_error')
+        WHEN 'cancelled' THEN CASE WHEN shape.has_last_error
                                    THEN pg_catalog.format('(%s AND last_error = ''cancelled'')', states.dead) ELSE 'false' END
         ELSE 'true' END;
     IF priority IS NOT NULL THEN
@@ -3299,163 +3457,6 @@ $$;
 COMMENT ON FUNCTION inbox_run_schedule(pg_catalog.regclass, pg_catalog.text) IS
     'Enqueues a schedule''s job now, outside its timetable; returns its id.';
 
-DO $types$
-DECLARE
-    field pg_catalog.text;
-BEGIN
-    IF pg_catalog.to_regtype('@extschema@.inbox__queue_shape') IS NULL THEN
-        CREATE TYPE @extschema@.inbox__queue_shape AS (
-            table_sql pg_catalog.text,
-            payload pg_catalog.text,
-            nullable_locked_until pg_catalog.bool,
-            has_key pg_catalog.bool,
-            has_last_error pg_catalog.bool,
-            has_leased_at pg_catalog.bool,
-            has_priority pg_catalog.bool,
-            has_group_key pg_catalog.bool,
-            has_dead_at pg_catalog.bool,
-            has_run_at pg_catalog.bool,
-            groups pg_catalog.bool,
-            dead_predicate pg_catalog.text,
-            has_snoozes pg_catalog.bool,
-            has_timeout pg_catalog.bool,
-            has_errors pg_catalog.bool
-        );
-    END IF;
-    -- Installed by an earlier version of the SQL-only build: the fields added since.
-    FOR field IN SELECT pg_catalog.unnest(ARRAY['has_snoozes', 'has_timeout', 'has_errors']) LOOP
-        IF NOT EXISTS (SELECT FROM pg_catalog.pg_attribute
-                        WHERE attrelid = (SELECT typrelid FROM pg_catalog.pg_type
-                                           WHERE oid = pg_catalog.to_regtype('@extschema@.inbox__queue_shape'))
-                          AND attname = field AND NOT attisdropped) THEN
-            EXECUTE pg_catalog.format('ALTER TYPE @extschema@.inbox__queue_shape ADD ATTRIBUTE %I pg_catalog.bool', field);
-        END IF;
-    END LOOP;
-    IF pg_catalog.to_regtype('@extschema@.inbox__ledger_shape') IS NULL THEN
-        CREATE TYPE @extschema@.inbox__ledger_shape AS (table_sql pg_catalog.text);
-    END IF;
-END
-$types$;
-
-CREATE OR REPLACE FUNCTION inbox__finite_time(value pg_catalog.timestamptz, argument pg_catalog.text)
-RETURNS pg_catalog.timestamptz
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF value IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = argument || ' must not be NULL';
-    END IF;
-    IF NOT pg_catalog.isfinite(value) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = pg_catalog.format('%s must be a finite time, not %s',
-            argument, CASE WHEN value > 'epoch'::pg_catalog.timestamptz THEN 'infinity' ELSE '-infinity' END);
-    END IF;
-    RETURN value;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION inbox__checked_columns(tab pg_catalog.regclass, kind pg_catalog.text,
-                                                  names pg_catalog.text[], kinds pg_catalog.text,
-                                                  required pg_catalog.int4, OUT table_sql pg_catalog.text,
-                                                  OUT types pg_catalog.oid[], OUT not_nulls pg_catalog.bool[])
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    relkind text;
-    found_names text[];
-    found_types oid[];
-    found_not_nulls bool[];
-    accepted oid[];
-    at int;
-BEGIN
-    SELECT c.relkind::text, format('%I.%I', n.nspname, c.relname),
-           array_agg(a.attname::text), array_agg(a.atttypid), array_agg(a.attnotnull)
-      INTO relkind, table_sql, found_names, found_types, found_not_nulls
-      FROM pg_class c
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-      LEFT JOIN pg_attribute a
-             ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY (names)
-     WHERE c.oid = tab
-     GROUP BY 1, 2;
-    IF relkind IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('no table with oid %s', tab::oid);
-    END IF;
-    IF relkind NOT IN ('r', 'p') THEN
-        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', table_sql);
-    END IF;
-    types := '{}';
-    not_nulls := '{}';
-    FOR i IN 1 .. cardinality(names) LOOP
-        at := array_position(found_names, names[i]);
-        IF at IS NULL THEN
-            IF i <= required THEN
-                RAISE EXCEPTION USING ERRCODE = '42703',
-                    MESSAGE = format('%s table %s has no column "%s"', kind, table_sql, names[i]);
-            END IF;
-            types := types || NULL::oid;
-            not_nulls := not_nulls || false;
-            CONTINUE;
-        END IF;
-        accepted := CASE substr(kinds, i, 1)
-                        WHEN 'i' THEN '{21,23,20}'::oid[]   -- smallint, integer, bigint
-                        WHEN 'x' THEN '{25,1043}'::oid[]    -- text, character varying
-                        WHEN 't' THEN '{1184}'::oid[]       -- timestamp with time zone
-                        WHEN 'v' THEN '{1186}'::oid[]       -- interval
-                        WHEN 'j' THEN '{3802}'::oid[]       -- jsonb
-                        ELSE '{3802,17}'::oid[] END;        -- jsonb, bytea
-        IF NOT found_types[at] = ANY (accepted) THEN
-            RAISE EXCEPTION USING ERRCODE = '42804', MESSAGE = format(
-                'column "%s" of %s table %s is of type %s, expected %s', names[i], kind, table_sql,
-                format_type(found_types[at], NULL),
-                array_to_string(ARRAY(SELECT format_type(t, NULL) FROM unnest(accepted) AS t), ' or '));
-        END IF;
-        types := types || found_types[at];
-        not_nulls := not_nulls || found_not_nulls[at];
-    END LOOP;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION inbox__queue_shape(queue pg_catalog.regclass) RETURNS @extschema@.inbox__queue_shape
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    t record;
-    shape @extschema@.inbox__queue_shape;
-BEGIN
-    IF queue IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
-    END IF;
-    t := @extschema@.inbox__checked_columns(queue, 'queue',
-        '{id,attempt,locked_until,payload,key,last_error,leased_at,priority,group_key,dead_at,run_at,snoozes,timeout,errors}',
-        'iitpxxtixttivj', 4);
-    shape.table_sql := t.table_sql;
-    shape.payload := CASE WHEN t.types[4] = 17 THEN 'bytea' ELSE 'jsonb' END;
-    shape.nullable_locked_until := NOT t.not_nulls[3];
-    shape.has_key := t.types[5] IS NOT NULL;
-    shape.has_last_error := t.types[6] IS NOT NULL;
-    shape.has_leased_at := t.types[7] IS NOT NULL;
-    shape.has_priority := t.types[8] IS NOT NULL;
-    shape.has_group_key := t.types[9] IS NOT NULL;
-    shape.has_dead_at := t.types[10] IS NOT NULL;
-    shape.has_run_at := t.types[11] IS NOT NULL;
-    shape.has_snoozes := t.types[12] IS NOT NULL;
-    shape.has_timeout := t.types[13] IS NOT NULL;
-    shape.has_errors := t.types[14] IS NOT NULL;
-    shape.groups := shape.has_group_key AND shape.has_dead_at;
-    -- Only where a job can also wait in its group does dead_at tell the two apart.
-    shape.dead_predicate := CASE WHEN shape.groups
-        THEN 'locked_until = ''infinity'' AND dead_at IS NOT NULL'
-        ELSE 'locked_until = ''infinity''' END;
-    RETURN shape;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION inbox__ledger_shape(ledger pg_catalog.regclass) RETURNS @extschema@.inbox__ledger_shape
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF ledger IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'ledger must not be NULL';
-    END IF;
-    RETURN ROW((@extschema@.inbox__checked_columns(ledger, 'ledger', '{event_key,seen_at}', 'xt', 2)).table_sql)::@extschema@.inbox__ledger_shape;
-END
-$$;
-
 CREATE OR REPLACE FUNCTION inbox__requeue_set(shape @extschema@.inbox__queue_shape) RETURNS pg_catalog.text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN 'attempt = 0'
@@ -3472,26 +3473,34 @@ CREATE OR REPLACE FUNCTION inbox__dead_order(shape @extschema@.inbox__queue_shap
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN CASE WHEN shape.has_dead_at THEN 'dead_at, id' ELSE 'id' END;
 
-CREATE OR REPLACE FUNCTION inbox_requeue(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+CREATE OR REPLACE FUNCTION inbox__requeue(queue pg_catalog.regclass, target pg_catalog.text, value pg_catalog.int8)
+RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    shape @extschema@.inbox__queue_shape;
+    shape constant @extschema@.inbox__queue_shape := @extschema@.inbox__queue_shape(queue);
     requeued bigint;
     groups text[];
 BEGIN
-    PERFORM @extschema@.inbox__required(queue, 'queue');
-    PERFORM @extschema@.inbox__required(id, 'id');
-    shape := @extschema@.inbox__queue_shape(queue);
     EXECUTE format(
-        'WITH requeued AS (UPDATE %s SET %s WHERE id = $1 AND %s%s) '
+        'WITH requeued AS (UPDATE %1$s SET %2$s WHERE %3$s AND %4$s%5$s) '
         'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, @extschema@.inbox__requeue_set(shape), shape.dead_predicate,
-        @extschema@.inbox__requeued_group(shape))
-      INTO requeued, groups USING id, clock_timestamp();
+        shape.table_sql, @extschema@.inbox__requeue_set(shape),
+        format(target, shape.table_sql, shape.dead_predicate, @extschema@.inbox__dead_order(shape)),
+        shape.dead_predicate, @extschema@.inbox__requeued_group(shape))
+      INTO requeued, groups USING value, clock_timestamp();
     IF groups IS NOT NULL THEN
         PERFORM @extschema@.inbox__groups_settled(queue, groups);
     END IF;
-    RETURN requeued = 1;
+    RETURN requeued;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION inbox_requeue(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM @extschema@.inbox__required(queue, 'queue');
+    PERFORM @extschema@.inbox__required(id, 'id');
+    RETURN @extschema@.inbox__requeue(queue, 'id = $1', id) = 1;
 END
 $$;
 COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
@@ -3500,30 +3509,16 @@ COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
 CREATE OR REPLACE FUNCTION inbox_requeue_dead(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT NULL)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    shape @extschema@.inbox__queue_shape;
-    requeued bigint;
-    groups text[];
 BEGIN
     PERFORM @extschema@.inbox__required(queue, 'queue');
     IF max < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
     END IF;
-    shape := @extschema@.inbox__queue_shape(queue);
-    -- Skips dead jobs that another transaction is requeueing or discarding.
-    EXECUTE format(
-        'WITH requeued AS (UPDATE %1$s SET %2$s '
-        '  WHERE id = ANY (ARRAY(SELECT id FROM %1$s WHERE %3$s ORDER BY %4$s LIMIT $1 '
-        '                        FOR UPDATE SKIP LOCKED)) '
-        '    AND %3$s%5$s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, @extschema@.inbox__requeue_set(shape), shape.dead_predicate,
-        @extschema@.inbox__dead_order(shape), @extschema@.inbox__requeued_group(shape))
-      INTO requeued, groups USING max::int8, clock_timestamp();
-    IF groups IS NOT NULL THEN
-        PERFORM @extschema@.inbox__groups_settled(queue, groups);
-    END IF;
-    RETURN requeued;
+    -- The oldest first (the table %1$s, the dead %2$s, their order %3$s), skipping dead jobs that
+    -- another transaction is requeueing or discarding.
+    RETURN @extschema@.inbox__requeue(queue,
+        'id = ANY (ARRAY(SELECT id FROM %1$s WHERE %2$s ORDER BY %3$s LIMIT $1 FOR UPDATE SKIP LOCKED))',
+        max);
 END
 $$;
 COMMENT ON FUNCTION inbox_requeue_dead(pg_catalog.regclass, pg_catalog.int4) IS
@@ -3767,19 +3762,31 @@ AS $function$
     SELECT * FROM @extschema@.inbox__jobs(queue, state, max)
 $function$;
 
-CREATE OR REPLACE FUNCTION inbox__purge_batch(table_sql text, older_than timestamptz, batch bigint)
+DROP FUNCTION IF EXISTS inbox__purge_batch(text, timestamptz, bigint);
+
+CREATE OR REPLACE FUNCTION inbox__purge(ledger regclass, older_than timestamptz, max bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $function$
 DECLARE
+    batch_size constant bigint := 10000;
+    table_sql constant text := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
+    purged bigint := 0;
+    batch bigint;
     deleted bigint;
 BEGIN
-    EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
-                   ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
-      USING older_than, batch;
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
+    PERFORM @extschema@.inbox__citus_check_purge(ledger);
+    LOOP
+        batch := least(max - purged, batch_size);
+        EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
+                       ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
+          USING older_than, batch;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        purged := purged + deleted;
+        EXIT WHEN deleted < batch OR purged = max;
+    END LOOP;
+    RETURN purged;
 END
 $function$;
 
@@ -3788,22 +3795,10 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    deleted bigint;
 BEGIN
     PERFORM @extschema@.inbox__required(ledger, 'ledger');
     PERFORM @extschema@.inbox__finite_time(older_than, 'older_than');
-    table_sql := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
-    PERFORM @extschema@.inbox__citus_check_purge(ledger);
-    LOOP
-        deleted := @extschema@.inbox__purge_batch(table_sql, older_than, batch_size);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch_size;
-    END LOOP;
-    RETURN purged;
+    RETURN @extschema@.inbox__purge(ledger, older_than, NULL);
 END
 $function$;
 
@@ -3812,12 +3807,6 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    batch bigint;
-    deleted bigint;
 BEGIN
     PERFORM @extschema@.inbox__required(ledger, 'ledger');
     IF NOT isfinite(@extschema@.inbox__required(older_than, 'older_than')) THEN
@@ -3828,14 +3817,6 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'max must be at least 1';
     END IF;
-    table_sql := (@extschema@.inbox__ledger_shape(ledger)).table_sql;
-    PERFORM @extschema@.inbox__citus_check_purge(ledger);
-    WHILE purged < max LOOP
-        batch := least(max - purged, batch_size);
-        deleted := @extschema@.inbox__purge_batch(table_sql, older_than, batch);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch;
-    END LOOP;
-    RETURN purged;
+    RETURN @extschema@.inbox__purge(ledger, older_than, max);
 END
 $function$;

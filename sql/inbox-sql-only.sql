@@ -236,6 +236,7 @@ CREATE OR REPLACE FUNCTION inbox__job_filter(queue pg_catalog.regclass, state pg
 RETURNS pg_catalog.text
 LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
+    shape inbox__queue_shape;
     states record;
     conditions pg_catalog.text[] := ARRAY['true'];
 BEGIN
@@ -245,14 +246,14 @@ BEGIN
             MESSAGE = pg_catalog.format('unknown job state "%s": expected ready, delayed, leased, dead or cancelled', state);
     END IF;
     -- The states as inbox_jobs and inbox_queues tell them apart (observe.sql).
-    states := inbox__observed_states(inbox__queue_shape(queue),
-                                                 pg_catalog.format('%L::pg_catalog.timestamptz', now));
+    shape := inbox__queue_shape(queue);
+    states := inbox__observed_states(shape, pg_catalog.format('%L::pg_catalog.timestamptz', now));
     conditions := conditions OPERATOR(pg_catalog.||) CASE state
         WHEN 'ready' THEN states.ready
         WHEN 'delayed' THEN states.delayed
         WHEN 'leased' THEN states.leased
         WHEN 'dead' THEN states.dead
-        WHEN 'cancelled' THEN CASE WHEN inbox__has_column(queue, 'last_error')
+        WHEN 'cancelled' THEN CASE WHEN shape.has_last_error
                                    THEN pg_catalog.format('(%s AND last_error = ''cancelled'')', states.dead) ELSE 'false' END
         ELSE 'true' END;
     IF priority IS NOT NULL THEN
@@ -1127,28 +1128,38 @@ CREATE OR REPLACE FUNCTION inbox__dead_order(shape inbox__queue_shape) RETURNS p
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN CASE WHEN shape.has_dead_at THEN 'dead_at, id' ELSE 'id' END;
 
+-- Requeues the dead jobs of `queue` that `target` picks (a condition on $1, `value`) and promotes
+-- the heads of the groups they rejoin; returns how many. The body of both requeues.
+CREATE OR REPLACE FUNCTION inbox__requeue(queue pg_catalog.regclass, target pg_catalog.text, value pg_catalog.int8)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    shape constant inbox__queue_shape := inbox__queue_shape(queue);
+    requeued bigint;
+    groups text[];
+BEGIN
+    EXECUTE format(
+        'WITH requeued AS (UPDATE %1$s SET %2$s WHERE %3$s AND %4$s%5$s) '
+        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
+        shape.table_sql, inbox__requeue_set(shape),
+        format(target, shape.table_sql, shape.dead_predicate, inbox__dead_order(shape)),
+        shape.dead_predicate, inbox__requeued_group(shape))
+      INTO requeued, groups USING value, clock_timestamp();
+    IF groups IS NOT NULL THEN
+        PERFORM inbox__groups_settled(queue, groups);
+    END IF;
+    RETURN requeued;
+END
+$$;
+
 -- Runs dead job `id` again: due now, its attempts counted from zero. False when the job is not
 -- dead (or not there).
 CREATE OR REPLACE FUNCTION inbox_requeue(queue pg_catalog.regclass, id pg_catalog.int8) RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    shape inbox__queue_shape;
-    requeued bigint;
-    groups text[];
 BEGIN
     PERFORM inbox__required(queue, 'queue');
     PERFORM inbox__required(id, 'id');
-    shape := inbox__queue_shape(queue);
-    EXECUTE format(
-        'WITH requeued AS (UPDATE %s SET %s WHERE id = $1 AND %s%s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, inbox__requeue_set(shape), shape.dead_predicate,
-        inbox__requeued_group(shape))
-      INTO requeued, groups USING id, clock_timestamp();
-    IF groups IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, groups);
-    END IF;
-    RETURN requeued = 1;
+    RETURN inbox__requeue(queue, 'id = $1', id) = 1;
 END
 $$;
 COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
@@ -1158,30 +1169,16 @@ COMMENT ON FUNCTION inbox_requeue(pg_catalog.regclass, pg_catalog.int8) IS
 CREATE OR REPLACE FUNCTION inbox_requeue_dead(queue pg_catalog.regclass, max pg_catalog.int4 DEFAULT NULL)
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
-DECLARE
-    shape inbox__queue_shape;
-    requeued bigint;
-    groups text[];
 BEGIN
     PERFORM inbox__required(queue, 'queue');
     IF max < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'max must be at least 1';
     END IF;
-    shape := inbox__queue_shape(queue);
-    -- Skips dead jobs that another transaction is requeueing or discarding.
-    EXECUTE format(
-        'WITH requeued AS (UPDATE %1$s SET %2$s '
-        '  WHERE id = ANY (ARRAY(SELECT id FROM %1$s WHERE %3$s ORDER BY %4$s LIMIT $1 '
-        '                        FOR UPDATE SKIP LOCKED)) '
-        '    AND %3$s%5$s) '
-        'SELECT count(*), array_agg(g) FILTER (WHERE g IS NOT NULL) FROM requeued AS r(g)',
-        shape.table_sql, inbox__requeue_set(shape), shape.dead_predicate,
-        inbox__dead_order(shape), inbox__requeued_group(shape))
-      INTO requeued, groups USING max::int8, clock_timestamp();
-    IF groups IS NOT NULL THEN
-        PERFORM inbox__groups_settled(queue, groups);
-    END IF;
-    RETURN requeued;
+    -- The oldest first (the table %1$s, the dead %2$s, their order %3$s), skipping dead jobs that
+    -- another transaction is requeueing or discarding.
+    RETURN inbox__requeue(queue,
+        'id = ANY (ARRAY(SELECT id FROM %1$s WHERE %2$s ORDER BY %3$s LIMIT $1 FOR UPDATE SKIP LOCKED))',
+        max);
 END
 $$;
 COMMENT ON FUNCTION inbox_requeue_dead(pg_catalog.regclass, pg_catalog.int4) IS
@@ -2822,20 +2819,35 @@ CREATE POLICY inbox_periodic_jobs_remove ON inbox_periodic_jobs FOR DELETE
 --
 -- References to the extension's own objects are written name (see outbox.sql).
 
--- One bounded batch of a purge: the rows are found first, then deleted by ctid. Returns how many.
-CREATE OR REPLACE FUNCTION inbox__purge_batch(table_sql text, older_than timestamptz, batch bigint)
+-- Installed by an earlier version: the batch function the purges called.
+DROP FUNCTION IF EXISTS inbox__purge_batch(text, timestamptz, bigint);
+
+-- Deletes the keys of `ledger` seen before `older_than`, at most `max` (NULL: all), in batches of
+-- 10,000: each batch's rows are found first, then deleted by ctid. Returns how many. The body of
+-- both purges, which check their arguments first.
+CREATE OR REPLACE FUNCTION inbox__purge(ledger regclass, older_than timestamptz, max bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $function$
 DECLARE
+    batch_size constant bigint := 10000;
+    table_sql constant text := (inbox__ledger_shape(ledger)).table_sql;
+    purged bigint := 0;
+    batch bigint;
     deleted bigint;
 BEGIN
-    EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
-                   ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
-      USING older_than, batch;
-    GET DIAGNOSTICS deleted = ROW_COUNT;
-    RETURN deleted;
+    PERFORM inbox__citus_check_purge(ledger);
+    LOOP
+        batch := least(max - purged, batch_size);
+        EXECUTE format('DELETE FROM %1$s WHERE ctid = ANY (ARRAY('
+                       ' SELECT ctid FROM %1$s WHERE seen_at < $1 LIMIT $2))', table_sql)
+          USING older_than, batch;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        purged := purged + deleted;
+        EXIT WHEN deleted < batch OR purged = max;
+    END LOOP;
+    RETURN purged;
 END
 $function$;
 
@@ -2845,22 +2857,10 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path FROM CURRENT
 AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    deleted bigint;
 BEGIN
     PERFORM inbox__required(ledger, 'ledger');
     PERFORM inbox__finite_time(older_than, 'older_than');
-    table_sql := (inbox__ledger_shape(ledger)).table_sql;
-    PERFORM inbox__citus_check_purge(ledger);
-    LOOP
-        deleted := inbox__purge_batch(table_sql, older_than, batch_size);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch_size;
-    END LOOP;
-    RETURN purged;
+    RETURN inbox__purge(ledger, older_than, NULL);
 END
 $function$;
 
@@ -2870,12 +2870,6 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path FROM CURRENT
 AS $function$
-DECLARE
-    batch_size constant bigint := 10000;
-    purged bigint := 0;
-    table_sql text;
-    batch bigint;
-    deleted bigint;
 BEGIN
     PERFORM inbox__required(ledger, 'ledger');
     IF NOT isfinite(inbox__required(older_than, 'older_than')) THEN
@@ -2886,15 +2880,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
             MESSAGE = 'max must be at least 1';
     END IF;
-    table_sql := (inbox__ledger_shape(ledger)).table_sql;
-    PERFORM inbox__citus_check_purge(ledger);
-    WHILE purged < max LOOP
-        batch := least(max - purged, batch_size);
-        deleted := inbox__purge_batch(table_sql, older_than, batch);
-        purged := purged + deleted;
-        EXIT WHEN deleted < batch;
-    END LOOP;
-    RETURN purged;
+    RETURN inbox__purge(ledger, older_than, max);
 END
 $function$;
 
