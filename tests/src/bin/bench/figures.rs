@@ -172,22 +172,41 @@ pub async fn settles(ctx: &Ctx) -> Result<Vec<Row>> {
         )
         .await?;
     }
+    reference_rows(
+        ctx,
+        &mut rows,
+        (3, "3. ref: single DELETE .. SKIP LOCKED"),
+        Step::DeleteOne,
+        "the ceiling for one job: lock and delete in one statement, raw SQL only",
+    )
+    .await?;
+    Ok(rows)
+}
+
+/// A reference row of raw SQL only (no inbox side, no target) for each connection count.
+async fn reference_rows(
+    ctx: &Ctx,
+    rows: &mut Vec<Row>,
+    (figure, name): (u8, &str),
+    step: Step,
+    note: &str,
+) -> Result<()> {
     for &n in &ctx.opts.connections {
-        let ceiling = reference(ctx.opts.rounds, || run_clients(ctx, n, Step::DeleteOne)).await?;
+        let ceiling = reference(ctx.opts.rounds, || run_clients(ctx, n, step)).await?;
         push(
-            &mut rows,
+            rows,
             Row::new(
-                3,
-                "3. ref: single DELETE .. SKIP LOCKED",
+                figure,
+                name,
                 Some(n),
                 (None, Some(ceiling)),
                 "jobs/s",
                 Target::None,
             )
-            .note("the ceiling for one job: lock and delete in one statement, raw SQL only"),
+            .note(note),
         );
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// How figure 4 runs the project's worker.
@@ -375,21 +394,14 @@ pub async fn worker(ctx: &Ctx) -> Result<Vec<Row>> {
             push(&mut rows, row);
         }
     }
-    for &n in &ctx.opts.connections {
-        let ceiling = reference(ctx.opts.rounds, || run_clients(ctx, n, Step::DeleteBatch)).await?;
-        push(
-            &mut rows,
-            Row::new(
-                4,
-                "4. ref: batches of 100 deleted in one statement",
-                Some(n),
-                (None, Some(ceiling)),
-                "jobs/s",
-                Target::None,
-            )
-            .note("at most once: a job deleted as it is taken is lost if its handler fails"),
-        );
-    }
+    reference_rows(
+        ctx,
+        &mut rows,
+        (4, "4. ref: batches of 100 deleted in one statement"),
+        Step::DeleteBatch,
+        "at most once: a job deleted as it is taken is lost if its handler fails",
+    )
+    .await?;
     Ok(rows)
 }
 
