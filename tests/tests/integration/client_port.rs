@@ -399,6 +399,11 @@ async fn connect_and_from_env_build_a_working_pool() {
     let test_db = TestDb::new().await;
     let one = Statement::new("SELECT 1 AS one");
     let db = PgDatabase::connect(test_db.url()).await.unwrap();
+    // Four connections per CPU, whatever deadpool's own default: room for a transactional
+    // worker's workers(4 * CPUs - 1) slots and its heartbeat.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(db.pool().status().max_size, 4 * cpus);
+    assert_eq!(inbox_client::default_pool_size(), 4 * cpus);
     assert_eq!(
         db.query(&one)
             .await
