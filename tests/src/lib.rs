@@ -28,6 +28,7 @@ use tokio_postgres::NoTls;
 
 pub mod nats;
 mod pgbouncer;
+pub mod results;
 pub use nats::NatsServer;
 pub use pgbouncer::PgBouncer;
 

@@ -4,14 +4,15 @@
 //!
 //! ```text
 //! inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] [--rounds N] [--duration-ms N] [--docs]
-//! inbox-bench chart [JSON] [SVG]         draw the chart of a results file again
+//! inbox-bench docs [JSON]               make a results file (default: the latest) the docs' own
 //! inbox-bench child-worker inbox|raw S   (figure 7's child process)
 //! inbox-bench child-burndown FORM SIDE N (figure 8's child process)
 //! ```
 //!
 //! Every figure runs both sides for the same window, interleaved over a few rounds (the median
 //! of each side is kept), so the ratio holds on a noisy machine. Results go to the terminal and
-//! to `target/bench/latest.{json,md,svg}`; `--docs` also writes the chart to `docs/bench.svg`.
+//! to `target/bench/latest.{json,md,svg}`; `--docs` (or `inbox-bench docs` afterwards) makes them
+//! the docs' own: `docs/bench.json`, `docs/bench.svg` and the table in `docs/benchmarks.md`.
 
 #[path = "bench/burndown.rs"]
 mod burndown;
@@ -45,16 +46,17 @@ mod workflows;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use inbox_tests::results;
 use measure::Row;
 use setup::{Ctx, Opts, Result, Side};
 
 const USAGE: &str = "usage: inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] \
                      [--rounds N] [--duration-ms N] [--docs]\n       \
-                     inbox-bench chart [JSON] [SVG]\n       \
+                     inbox-bench docs [JSON]\n       \
                      inbox-bench child-worker inbox|raw SECONDS\n       \
                      inbox-bench child-burndown default|groupN|plain inbox|raw JOBS";
 
-/// The workspace's root (the results go under its `target/`, the chart to its `docs/`).
+/// The workspace's root (the results go under its `target/`, and to its `docs/` with `--docs`).
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -71,7 +73,7 @@ fn list<T: std::str::FromStr>(text: &str) -> Result<Vec<T>> {
         .collect()
 }
 
-/// The options of a run, and whether to write `docs/bench.svg`.
+/// The options of a run, and whether to make its results the docs' own.
 fn parse(args: &[String]) -> Result<(Opts, bool)> {
     let quick = args.iter().any(|a| a == "--quick");
     let mut opts = if quick { Opts::quick() } else { Opts::full() };
@@ -162,7 +164,7 @@ async fn run(args: &[String]) -> Result<()> {
     report::print_table(&header, &rows);
     let json = report::to_json(&header, &rows)?;
     let dir = root().join("target/bench");
-    report::write_all(&dir, &json, &rows)?;
+    report::write_all(&dir, &json)?;
     println!(
         "\nwrote {}/latest.{{json,md,svg}}; took {:.0} s (figure {})",
         dir.display(),
@@ -170,9 +172,7 @@ async fn run(args: &[String]) -> Result<()> {
         timings.join(", ")
     );
     if docs {
-        let chart = root().join("docs/bench.svg");
-        std::fs::write(&chart, report::svg(&json))?;
-        println!("wrote {}", chart.display());
+        write_docs(&json)?;
     }
     Ok(())
 }
@@ -216,19 +216,35 @@ async fn sql_only_rows(ctx: &Ctx) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// `chart [JSON] [SVG]`: draws the chart of a results file (default: the latest run, to
-/// `docs/bench.svg`).
-fn chart(args: &[String]) -> Result<()> {
+/// Makes a run's results the docs' own: `docs/bench.json`, the chart `docs/bench.svg` and the
+/// generated part of `docs/benchmarks.md`, all from `json` (the test `docs_figures` checks that
+/// they agree, and that every figure the docs quote is in `docs/bench.json`).
+fn write_docs(json: &serde_json::Value) -> Result<()> {
+    let docs = root().join("docs");
+    std::fs::write(
+        docs.join("bench.json"),
+        serde_json::to_string_pretty(json)? + "\n",
+    )?;
+    std::fs::write(docs.join("bench.svg"), results::svg(json))?;
+    let page = docs.join("benchmarks.md");
+    let markdown = std::fs::read_to_string(&page)?;
+    std::fs::write(
+        &page,
+        results::replace_block(&markdown, &results::docs_block(json))?,
+    )?;
+    println!(
+        "wrote docs/bench.json, docs/bench.svg and the results in {}",
+        page.display()
+    );
+    Ok(())
+}
+
+/// `docs [JSON]`: makes a results file (default: the latest run's) the docs' own.
+fn docs(args: &[String]) -> Result<()> {
     let json = args
         .first()
         .map_or_else(|| root().join("target/bench/latest.json"), PathBuf::from);
-    let svg = args
-        .get(1)
-        .map_or_else(|| root().join("docs/bench.svg"), PathBuf::from);
-    let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
-    std::fs::write(&svg, report::svg(&results))?;
-    println!("wrote {}", svg.display());
-    Ok(())
+    write_docs(&serde_json::from_str(&std::fs::read_to_string(&json)?)?)
 }
 
 async fn child(args: &[String]) -> Result<()> {
@@ -246,7 +262,7 @@ async fn child(args: &[String]) -> Result<()> {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("chart") => chart(&args[1..]),
+        Some("docs") => docs(&args[1..]),
         Some("child-worker") => child(&args[1..]).await,
         Some("child-burndown") => match database_url().and_then(|url| Ctx::new(&url, Opts::full()))
         {

@@ -15,6 +15,7 @@ mod client_inbox;
 mod client_port;
 mod cron_conformance;
 mod dead_letters;
+mod docs_figures;
 mod docs_sql;
 mod extension_concurrency;
 mod groups;

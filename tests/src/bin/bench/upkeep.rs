@@ -264,7 +264,7 @@ async fn sample(
             let p = point(&client, table, jobs, started.elapsed().as_secs_f64()).await?;
             let previous = points.last().copied().unwrap_or_default();
             eprintln!(
-                "  9. {label}: {}k jobs, {:.1} MiB, {} dead rows, {} vacuums + {} autovacuums, {:.0} jobs/s since {}k",
+                "  11. {label}: {}k jobs, {:.1} MiB, {} dead rows, {} vacuums + {} autovacuums, {:.0} jobs/s since {}k",
                 jobs / 1000,
                 p.total as f64 / 1048576.0,
                 p.dead,
