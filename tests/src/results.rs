@@ -52,10 +52,11 @@ pub fn header_lines(header: &Value) -> String {
     )
 }
 
-/// A row's target as the table shows it (`>= 0.9x`, `< 10`, `-`).
-fn target(row: &Value) -> String {
-    let value = row["target"]["value"].as_f64().unwrap_or(f64::NAN);
-    match row["target"]["kind"].as_str() {
+/// A row's target (its JSON, `{"kind": .., "value": ..}`) as the tables show it: `>= 0.9x`,
+/// `< 10`, `-`.
+pub fn target(target: &Value) -> String {
+    let value = target["value"].as_f64().unwrap_or(f64::NAN);
+    match target["kind"].as_str() {
         Some("ratio_at_least") => format!(">= {value}x"),
         Some("inbox_below") => format!("< {value}"),
         Some("inbox_at_least") => format!(">= {value}"),
@@ -142,7 +143,7 @@ pub fn table(json: &Value) -> String {
             out,
             " {} | {} | {} |",
             measured[0]["unit"].as_str().unwrap_or(""),
-            target(measured[0]),
+            target(&measured[0]["target"]),
             met.join(" / ")
         );
     }
@@ -187,20 +188,11 @@ fn notes(json: &Value) -> String {
     out
 }
 
-/// `markdown` with its generated part replaced by `block` (from [`BEGIN`] to [`END`], both lines
-/// included), or an error where the markers are missing.
+/// `markdown` with its generated part (see [`block_of`]) replaced by `block`, or an error where
+/// it has none.
 pub fn replace_block(markdown: &str, block: &str) -> Result<String, String> {
-    let start = markdown
-        .find(BEGIN)
-        .ok_or_else(|| format!("no line {BEGIN}"))?;
-    let end = markdown[start..]
-        .find(END)
-        .map(|at| start + at + END.len())
-        .ok_or_else(|| format!("no line {END} after {BEGIN}"))?;
-    let rest = markdown[end..]
-        .strip_prefix('\n')
-        .unwrap_or(&markdown[end..]);
-    Ok(format!("{}{block}{rest}", &markdown[..start]))
+    let old = block_of(markdown).ok_or_else(|| format!("no lines {BEGIN} ... {END}"))?;
+    Ok(markdown.replacen(old, block.trim_end_matches('\n'), 1))
 }
 
 /// The generated part of `markdown`, where it has one, from [`BEGIN`] to the end of [`END`].

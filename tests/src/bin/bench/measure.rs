@@ -23,13 +23,10 @@ pub enum Target {
 }
 
 impl Target {
+    /// As the tables show it (`>= 0.9x`, `< 10`, `-`): `inbox_tests::results` reads it from the
+    /// JSON the same way.
     pub fn describe(self) -> String {
-        match self {
-            Target::None => "-".to_owned(),
-            Target::RatioAtLeast(min) => format!(">= {min}x"),
-            Target::InboxBelow(max) => format!("< {max}"),
-            Target::InboxAtLeast(min) => format!(">= {min}"),
-        }
+        inbox_tests::results::target(&serde_json::json!(self))
     }
 }
 

@@ -25,13 +25,7 @@ pub struct Header {
 const WIDTHS: [usize; 8] = [40, 5, 11, 11, 7, 9, 8, 4];
 
 pub fn print_header(header: &Header) {
-    println!("inbox-bench ({} run), {}", header.mode, header.date);
-    println!("  {}", header.postgres);
-    println!(
-        "  synchronous_commit = {}, {} CPUs, command: {}",
-        header.synchronous_commit, header.cpus, header.command
-    );
-    println!();
+    println!("{}", results::header_lines(&serde_json::json!(header)));
     print_columns(&[
         "figure", "conns", "inbox", "raw", "ratio", "unit", "target", "met",
     ]);
