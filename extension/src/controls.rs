@@ -1,7 +1,8 @@
 //! Pausing and resuming queues, and their limits: `sql/shared/controls.sql` and
 //! `sql/shared/limits.sql` have the functions (both builds); this build's leases, locks and
-//! `inbox_sleep` read the state through [`control`], and take from a queue with limits by
-//! `inbox__take_limited`.
+//! `inbox_sleep` read the state through [`control`]. A take from a queue with a concurrency or
+//! a rate limit runs the statements of `inbox__limit_statements` itself ([`take_limited`]); one
+//! with a limit per key goes through `inbox__take_limited`.
 //!
 //! Each backend keeps the set of paused and limited queues, read once and dropped by the relcache
 //! invalidation that every change of `inbox_queue_controls` sends when it commits (its statement
@@ -13,6 +14,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, Oid};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -68,9 +70,19 @@ type Controls = (String, Oid, HashMap<Oid, Control>);
 pub(crate) struct Control {
     /// Takes hand out nothing.
     pub paused: bool,
-    /// Takes go through `inbox__take_limited` (a concurrency limit, per queue or per key, or a
-    /// rate limit).
-    pub limited: bool,
+    /// The queue has a concurrency limit: a take gives each job one of its slots.
+    pub concurrency: bool,
+    /// The queue has a rate limit: likewise.
+    pub rate: bool,
+    /// The queue has a concurrency limit per key: takes go through `inbox__take_limited`.
+    pub per_key: bool,
+}
+
+impl Control {
+    /// Whether a take must give its jobs slots of some limit.
+    pub fn limited(&self) -> bool {
+        self.concurrency || self.rate || self.per_key
+    }
 }
 
 /// Whether `queue` is paused (see [`control`]).
@@ -131,8 +143,8 @@ pub(crate) fn control(client: &SpiClient<'_>, queue: Oid) -> Control {
             .select(
                 &format!(
                     "SELECT queue::pg_catalog.oid, paused_at IS NOT NULL, \
-                            concurrency IS NOT NULL OR rate_limit IS NOT NULL \
-                            OR key_concurrency IS NOT NULL \
+                            concurrency IS NOT NULL, rate_limit IS NOT NULL, \
+                            key_concurrency IS NOT NULL \
                        FROM {table} \
                       WHERE paused_at IS NOT NULL OR concurrency IS NOT NULL \
                          OR rate_limit IS NOT NULL OR key_concurrency IS NOT NULL"
@@ -143,9 +155,14 @@ pub(crate) fn control(client: &SpiClient<'_>, queue: Oid) -> Control {
             .unwrap_or_else(|e| internal(e))
             .filter_map(|row| {
                 let queue = row.get::<Oid>(1).ok().flatten()?;
-                let paused = row.get::<bool>(2).ok().flatten().unwrap_or(false);
-                let limited = row.get::<bool>(3).ok().flatten().unwrap_or(false);
-                Some((queue, Control { paused, limited }))
+                let flag = |column| row.get::<bool>(column).ok().flatten().unwrap_or(false);
+                let control = Control {
+                    paused: flag(2),
+                    concurrency: flag(3),
+                    rate: flag(4),
+                    per_key: flag(5),
+                };
+                Some((queue, control))
             })
             .collect()
     };
@@ -219,10 +236,109 @@ pub(crate) fn limits_allow(client: &SpiClient<'_>, queue: Oid) -> bool {
         .unwrap_or(true)
 }
 
-/// The take of a queue with limits: `inbox__take_limited` (`sql/shared/limits.sql`), which gives
-/// each job it hands out a slot of every limit and takes the jobs through
-/// `inbox__take_unlimited`.
+/// The take of a queue with limits: as many of the first `max` due jobs as it can give a slot of
+/// every limit. A queue limited per key is taken from by `inbox__take_limited`
+/// (`sql/shared/limits.sql`), which calls back through `inbox__take_unlimited`; for the others
+/// the same statements run here, prepared once: lock free slots, take that many jobs, give them
+/// the slots (`inbox__limit_statements`).
 pub(crate) fn take_limited(
+    client: &mut SpiClient<'_>,
+    queue: Oid,
+    control: Control,
+    max: i32,
+    lease: Option<pgrx::datum::Interval>,
+) -> Vec<crate::queue::Delivery> {
+    if control.per_key {
+        return take_limited_in_sql(client, queue, max, lease);
+    }
+    // SAFETY: reads the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let mut n = max;
+    let running = control
+        .concurrency
+        .then(|| lock_slots(client, queue, Op::FreeSlots, &mut n, now));
+    let starts =
+        (control.rate && n > 0).then(|| lock_slots(client, queue, Op::FreeStarts, &mut n, now));
+    if n < 1 {
+        return Vec::new();
+    }
+    let deliveries = crate::queue::take_jobs(client, queue, n, lease, None);
+    if !deliveries.is_empty() {
+        let given = |slots: Option<Vec<i32>>| {
+            slots.map(|mut slots| {
+                slots.truncate(deliveries.len());
+                slots
+            })
+        };
+        let jobs: Vec<i64> = deliveries.iter().map(|delivery| delivery.0).collect();
+        let tokens: Vec<i64> = deliveries.iter().map(|delivery| delivery.2).collect();
+        limit_statement(client, queue, Op::GiveSlots).run(&[
+            crate::datum::RegClass(queue).into(),
+            given(running).into(),
+            given(starts).into(),
+            jobs.into(),
+            tokens.into(),
+        ]);
+    }
+    deliveries
+}
+
+/// Locks up to `n` free slots of a limit of `queue` (`op`: its statement), and lowers `n` to
+/// the number locked.
+fn lock_slots(client: &SpiClient<'_>, queue: Oid, op: Op, n: &mut i32, now: i64) -> Vec<i32> {
+    let plan = limit_statement(client, queue, op);
+    // SAFETY: a timestamptz is an int64 passed by value.
+    let now = unsafe { DatumWithOid::new(now, pg_sys::TIMESTAMPTZOID) };
+    let args = [crate::datum::RegClass(queue).into(), (*n).into(), now];
+    let slots = plan.rows(&args).get::<Vec<i32>>(0, 1).unwrap_or_default();
+    *n = (*n).min(slots.len() as i32);
+    slots
+}
+
+/// Statement `op` of `inbox__limit_statements` for `queue`, kept to its generic plan: each finds
+/// its slots by key.
+fn limit_statement(client: &SpiClient<'_>, queue: Oid, op: Op) -> std::rc::Rc<plans::Plan> {
+    let (column, args) = match op {
+        Op::FreeSlots => (
+            "free_slots",
+            vec![pg_sys::REGCLASSOID, pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID],
+        ),
+        Op::FreeStarts => (
+            "free_starts",
+            vec![pg_sys::REGCLASSOID, pg_sys::INT4OID, pg_sys::TIMESTAMPTZOID],
+        ),
+        Op::GiveSlots => (
+            "give_slots",
+            vec![
+                pg_sys::REGCLASSOID,
+                pg_sys::INT4ARRAYOID,
+                pg_sys::INT4ARRAYOID,
+                pg_sys::INT8ARRAYOID,
+                pg_sys::INT8ARRAYOID,
+            ],
+        ),
+        _ => raise(
+            ERRCODE_INTERNAL_ERROR,
+            format!("{op:?} is not a limit's statement"),
+        ),
+    };
+    plans::prepared_generic(queue, op, || {
+        let schema = schema(client);
+        let text = client
+            .select(
+                &format!("SELECT {column} FROM {schema}.inbox__limit_statements($1)"),
+                None,
+                &[crate::datum::RegClass(queue).into()],
+            )
+            .and_then(|rows| rows.first().get_one::<String>())
+            .unwrap_or_else(|e| internal(e))
+            .unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, format!("no statement {column}")));
+        Sql { text, args }
+    })
+}
+
+/// The take of a queue limited per key: `inbox__take_limited`.
+fn take_limited_in_sql(
     client: &mut SpiClient<'_>,
     queue: Oid,
     max: i32,

@@ -57,6 +57,9 @@ pub(crate) enum Op {
     TickInsert,
     LimitsAllow,
     TakeLimited,
+    FreeSlots,
+    FreeStarts,
+    GiveSlots,
 }
 
 /// What must be dropped from the cache before its next use.
@@ -371,9 +374,13 @@ pub(crate) fn generic_plan(
     op: Op,
     build: fn(&QueueShape) -> Sql,
 ) -> Rc<Plan> {
-    prepared(oid, op, pg_sys::CURSOR_OPT_GENERIC_PLAN, || {
-        build(&queue(client, oid))
-    })
+    prepared_generic(oid, op, || build(&queue(client, oid)))
+}
+
+/// The statement `op` for table `oid`, prepared from `build` on first use and kept to its
+/// generic plan (see [`Plan`]).
+pub(crate) fn prepared_generic(oid: Oid, op: Op, build: impl FnOnce() -> Sql) -> Rc<Plan> {
+    prepared(oid, op, pg_sys::CURSOR_OPT_GENERIC_PLAN, build)
 }
 
 /// The statement `op` for queue `oid`, to run with [`Plan::run_latest`].

@@ -100,7 +100,7 @@ fn job_due(queue: Oid) -> bool {
                 .and_then(|rows| rows.first().get_one::<bool>())
                 .unwrap_or_else(|e| internal(e))
                 .map(|due| {
-                    due && (!control.limited || crate::controls::limits_allow(client, queue))
+                    due && (!control.limited() || crate::controls::limits_allow(client, queue))
                 })
         };
         unsafe { pg_sys::PopActiveSnapshot() };
