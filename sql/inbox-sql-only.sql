@@ -1539,61 +1539,93 @@ $$;
 COMMENT ON FUNCTION inbox_limits(pg_catalog.regclass) IS
     'The queue''s limits, the jobs running under its concurrency limits and the starts within the window of its rate limit.';
 
--- Takes up to `max` free slots of the queue's concurrency limit, locked until the caller's
--- transaction ends: none while a retiring slot is busy. $1 queue, $2 limit, $3 clock, $4 max,
--- $5 the slots the take has already. In the index's order, so that the scan stops at the first
--- free ones: the busy slots it passes are at most the jobs running.
-CREATE OR REPLACE FUNCTION inbox__free_slots(queue pg_catalog.regclass) RETURNS pg_catalog.text
+-- The condition under which slot `s`, just locked by FOR UPDATE, is the version of it that the
+-- locking statement's snapshot shows. When a take that gave the slot commits after that
+-- snapshot was taken, the lock lands on the slot's new version and the statement judges it again
+-- (READ COMMITTED's recheck), but by the old snapshot, in which the new holder's lease is not
+-- visible: a slot that has just become busy would look free. Such a slot is passed over; the
+-- next take, with a newer snapshot, judges it rightly. (OFFSET 0 keeps the look a lookup of the
+-- slot by its primary key: made a join, it was planned as a scan of every slot of the limit.)
+CREATE OR REPLACE FUNCTION inbox__slot_unchanged(s pg_catalog.text) RETURNS pg_catalog.text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
 RETURN pg_catalog.format(
-    'SELECT pg_catalog.array_agg(f.slot) FROM ( '
-    '  SELECT s.slot FROM inbox_queue_slots s '
-    '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''c'' AND s.key = '''' '
-    '     AND s.slot OPERATOR(pg_catalog.<=) $2 AND NOT %1$s '
-    '     AND NOT EXISTS (SELECT FROM inbox_queue_slots r '
-    '                      WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.kind = ''c'' AND r.key = '''' '
-    '                        AND r.slot OPERATOR(pg_catalog.>) $2 AND %2$s) '
-    '     AND NOT (s.slot OPERATOR(pg_catalog.=) ANY ($5)) '
-    '   ORDER BY s.slot LIMIT $4 FOR UPDATE OF s SKIP LOCKED) AS f',
-    inbox__slot_busy(queue, 's'), inbox__slot_busy(queue, 'r'));
+    'EXISTS (SELECT FROM inbox_queue_slots v '
+    '         WHERE v.queue OPERATOR(pg_catalog.=) %1$s.queue AND v.kind OPERATOR(pg_catalog.=) %1$s.kind '
+    '           AND v.key OPERATOR(pg_catalog.=) %1$s.key AND v.slot OPERATOR(pg_catalog.=) %1$s.slot '
+    '           AND v.started_at IS NOT DISTINCT FROM %1$s.started_at '
+    '           AND v.job IS NOT DISTINCT FROM %1$s.job AND v.token IS NOT DISTINCT FROM %1$s.token '
+    '        OFFSET 0)',
+    s);
 
--- Of the slots of `queue` a take has just locked (`kind`, `keys` and `slots`; NULL keys for
--- the queue's own), those that are free as the latest commits show them. The statement that
--- locked them judged them by its snapshot, and when it met a slot that a take committing
--- meanwhile had given to a job, it judged that slot's new version by the same snapshot, in which
--- the job's lease is not visible: a slot that had just become busy could look free.
-CREATE OR REPLACE FUNCTION inbox__still_free(queue pg_catalog.regclass, kind "char",
-                                             keys pg_catalog.text[], slots pg_catalog.int4[],
-                                             at pg_catalog.timestamptz)
-RETURNS TABLE(key pg_catalog.text, slot pg_catalog.int4)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
-SET plan_cache_mode = force_generic_plan AS $$
+DROP FUNCTION IF EXISTS inbox__free_slots(pg_catalog.regclass);
+DROP FUNCTION IF EXISTS inbox__still_free(pg_catalog.regclass, "char", pg_catalog.text[],
+                                          pg_catalog.int4[], pg_catalog.timestamptz);
+
+-- The statements of a take from a queue whose limits are its own (a concurrency limit, a rate
+-- limit), run by inbox__take_limited and, in the pgrx build, by the take itself (controls.rs):
+-- - free_slots locks up to $2 free slots of the concurrency limit ($1 queue, $3 the clock) and
+--   returns their numbers (int4[]); none while a retiring slot is busy. In the index's order, so
+--   that the scan stops at the first free ones: the busy slots it passes are at most the jobs
+--   running.
+-- - free_starts does the same for the rate limit: the slots last given at least `per` ago.
+-- - give_slots gives the slots to the jobs taken ($1 queue; $2 the concurrency slots and $3 the
+--   rate slots, int4[], NULL for a limit the queue has not; $4 the jobs and $5 their tokens,
+--   int8[], in the same order), stamped after the jobs' leases: the next start of a rate slot is
+--   `per` after this one's.
+-- Each statement reads the limits from inbox_queue_controls.
+CREATE OR REPLACE FUNCTION inbox__limit_statements(queue pg_catalog.regclass,
+                                                   OUT free_slots pg_catalog.text,
+                                                   OUT free_starts pg_catalog.text,
+                                                   OUT give_slots pg_catalog.text)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
 DECLARE
-    free_keys pg_catalog.text[];
-    free_slots pg_catalog.int4[];
+    own constant pg_catalog.text :=
+        's.queue OPERATOR(pg_catalog.=) $1 AND s.kind OPERATOR(pg_catalog.=) %1$L::"char" '
+        'AND s.key OPERATOR(pg_catalog.=) '''' ';
+    retiring constant pg_catalog.text :=
+        'NOT EXISTS (SELECT FROM inbox_queue_slots r '
+        '             WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.kind OPERATOR(pg_catalog.=) %1$L::"char" '
+        '               AND r.key OPERATOR(pg_catalog.=) '''' AND r.slot OPERATOR(pg_catalog.>) %2$s AND %3$s) ';
+    lock constant pg_catalog.text :=
+        'SELECT pg_catalog.array_agg(f.slot) FROM ( '
+        '  SELECT s.slot FROM inbox_queue_slots s '
+        '   WHERE %1$s AND s.slot OPERATOR(pg_catalog.<=) %2$s AND %3$s AND %4$s '
+        '   ORDER BY s.slot LIMIT $2 FOR UPDATE OF s SKIP LOCKED) AS f';
+    concurrency constant pg_catalog.text :=
+        '(SELECT c.concurrency FROM inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) $1)';
+    rate constant pg_catalog.text :=
+        '(SELECT c.rate_limit FROM inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) $1)';
+    since constant pg_catalog.text :=
+        '($3 OPERATOR(pg_catalog.-) (SELECT c.rate_period FROM inbox_queue_controls c '
+        '                            WHERE c.queue OPERATOR(pg_catalog.=) $1))';
 BEGIN
-    IF slots IS NULL THEN
-        RETURN;
-    END IF;
-    -- In one row: a prepared statement runs through EXECUTE ... INTO, which reads one. Each
-    -- slot is found by its primary key (OFFSET 0 keeps the arrays outside), whatever the
-    -- statistics say: joined to the arrays, a plan for a table without them read every slot.
-    EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L)',
-            inbox__prepared(pg_catalog.format(
-                'SELECT pg_catalog.array_agg(s.key), pg_catalog.array_agg(s.slot) '
-                '  FROM ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($2)) AS l(key, slot), '
-                '       LATERAL (SELECT s.key, s.slot, s.job, s.token FROM inbox_queue_slots s '
-                '                 WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = $5 '
-                '                   AND s.key OPERATOR(pg_catalog.=) COALESCE(l.key, '''') '
-                '                   AND s.slot OPERATOR(pg_catalog.=) l.slot OFFSET 0) AS s '
-                ' WHERE NOT %s',
-                inbox__slot_busy(queue, 's')),
-                'pg_catalog.regclass, pg_catalog.int4[], pg_catalog.timestamptz, pg_catalog.text[], '
-                'pg_catalog."char"'),
-            queue::pg_catalog.oid, slots, at, keys, kind)
-      INTO free_keys, free_slots;
-    RETURN QUERY SELECT f.key, f.slot
-                   FROM ROWS FROM (pg_catalog.unnest(free_keys), pg_catalog.unnest(free_slots)) AS f(key, slot);
+    free_slots := pg_catalog.format(lock,
+        pg_catalog.format(own, 'c'), concurrency,
+        'NOT ' OPERATOR(pg_catalog.||) inbox__slot_busy(queue, 's')
+            OPERATOR(pg_catalog.||) ' AND ' OPERATOR(pg_catalog.||) inbox__slot_unchanged('s'),
+        pg_catalog.format(retiring, 'c', concurrency, inbox__slot_busy(queue, 'r')));
+    free_starts := pg_catalog.format(lock,
+        pg_catalog.format(own, 'r'), rate,
+        pg_catalog.format('(s.started_at IS NULL OR s.started_at OPERATOR(pg_catalog.<=) %s)', since),
+        pg_catalog.format(retiring, 'r', rate,
+                          pg_catalog.format('r.started_at OPERATOR(pg_catalog.>) %s', since)));
+    -- Each slot is found by its primary key, then updated by its row's address, which its lock
+    -- keeps current: planned as a join of the slots to the arrays, or with `slot = ANY (...)`,
+    -- the update read every slot of the limit.
+    give_slots :=
+        'UPDATE inbox_queue_slots s '
+        '   SET job = g.job, token = g.token, started_at = pg_catalog.clock_timestamp() '
+        '  FROM (SELECT v.ctid AS row, u.job, u.token '
+        '          FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($4), pg_catalog.unnest($5)) AS u(slot, job, token), '
+        '               LATERAL (SELECT v.ctid FROM inbox_queue_slots v '
+        '                         WHERE v.queue OPERATOR(pg_catalog.=) $1 AND v.kind OPERATOR(pg_catalog.=) ''c''::"char" '
+        '                           AND v.key OPERATOR(pg_catalog.=) '''' AND v.slot OPERATOR(pg_catalog.=) u.slot OFFSET 0) AS v '
+        '        UNION ALL '
+        '        SELECT v.ctid, NULL, NULL FROM pg_catalog.unnest($3) AS u(slot), '
+        '               LATERAL (SELECT v.ctid FROM inbox_queue_slots v '
+        '                         WHERE v.queue OPERATOR(pg_catalog.=) $1 AND v.kind OPERATOR(pg_catalog.=) ''r''::"char" '
+        '                           AND v.key OPERATOR(pg_catalog.=) '''' AND v.slot OPERATOR(pg_catalog.=) u.slot OFFSET 0) AS v) AS g '
+        ' WHERE s.ctid OPERATOR(pg_catalog.=) g.row';
 END
 $$;
 
@@ -1627,25 +1659,28 @@ END
 $$;
 
 -- The lease (`lease` set) or lock (NULL) of a queue that has limits: as many due jobs as it
--- can give a slot of every limit, at most `max`.
+-- can give a slot of every limit, at most `max`. The pgrx build takes from a queue without a
+-- limit per key itself, with the same statements (inbox__limit_statements).
 DROP FUNCTION IF EXISTS inbox__take_limited(pg_catalog.regclass, pg_catalog.int4, pg_catalog.interval);
 CREATE OR REPLACE FUNCTION inbox__take_limited(queue pg_catalog.regclass, max pg_catalog.int4,
                                                lease pg_catalog.interval)
 RETURNS TABLE(id pg_catalog.int8, attempt pg_catalog.int4, token pg_catalog.int8,
               payload pg_catalog.jsonb, payload_bytes pg_catalog.bytea, timeout pg_catalog.interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT
--- Its statements, and inbox__still_free's, keep to their generic plans, planned once per session:
+-- Its statements keep to their generic plans, planned once per session:
 -- each finds its rows by key, and the custom plans the plan cache kept choosing were planned
 -- again at every take (a fifth of a take's time, measured).
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     limits record;
+    statements record;
     running pg_catalog.int4[];
     starts pg_catalog.int4[];
     n pg_catalog.int4 := max;
     jobs pg_catalog.int8[] := '{}';
     tokens pg_catalog.int8[] := '{}';
+    given_jobs pg_catalog.int4;
     stamp pg_catalog.timestamptz;
     -- A limit per key: the keys' turns, the slots locked for them, the jobs chosen for those.
     sql record;
@@ -1668,40 +1703,26 @@ DECLARE
 BEGIN
     SELECT c.concurrency, c.rate_limit, c.rate_period, c.key_concurrency, c.per_key INTO limits
       FROM inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue;
+    IF limits.concurrency IS NOT NULL OR limits.rate_limit IS NOT NULL THEN
+        statements := inbox__limit_statements(queue);
+    END IF;
     IF limits.concurrency IS NOT NULL THEN
-        -- A slot that another take gave meanwhile is dropped by inbox__still_free; the next
-        -- look, with a newer snapshot, sees it busy and goes past it.
-        running := '{}';
-        FOR round IN 1..3 LOOP
-            want := n OPERATOR(pg_catalog.-) pg_catalog.cardinality(running);
-            EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L)',
-                    inbox__prepared(inbox__free_slots(queue),
-                        'pg_catalog.regclass, pg_catalog.int4, pg_catalog.timestamptz, '
-                        'pg_catalog.int4, pg_catalog.int4[]'),
-                    queue::pg_catalog.oid, limits.concurrency, at, want, running)
-              INTO picked;
-            EXIT WHEN picked IS NULL;
-            running := running OPERATOR(pg_catalog.||) ARRAY(
-                SELECT f.slot FROM inbox__still_free(queue, 'c', NULL, picked, at) AS f);
-            EXIT WHEN pg_catalog.cardinality(running) OPERATOR(pg_catalog.>=) n
-                   OR pg_catalog.cardinality(picked) OPERATOR(pg_catalog.<) want;
-        END LOOP;
+        EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L)',
+                inbox__prepared(statements.free_slots,
+                    'pg_catalog.regclass, pg_catalog.int4, pg_catalog.timestamptz'),
+                queue::pg_catalog.oid, n, at)
+          INTO running;
+        running := coalesce(running, '{}');
         n := LEAST(n, pg_catalog.cardinality(running));
     END IF;
     IF limits.rate_limit IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
-        SELECT pg_catalog.array_agg(f.slot) INTO starts FROM (
-            SELECT s.slot FROM inbox_queue_slots s
-             WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'r' AND s.key = ''
-               AND s.slot OPERATOR(pg_catalog.<=) limits.rate_limit
-               AND (s.started_at IS NULL
-                    OR s.started_at OPERATOR(pg_catalog.<=) (at OPERATOR(pg_catalog.-) limits.rate_period))
-               AND NOT EXISTS (SELECT FROM inbox_queue_slots r
-                                WHERE r.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue
-                                  AND r.kind = 'r' AND r.key = ''
-                                  AND r.slot OPERATOR(pg_catalog.>) limits.rate_limit
-                                  AND r.started_at OPERATOR(pg_catalog.>) (at OPERATOR(pg_catalog.-) limits.rate_period))
-             ORDER BY s.slot LIMIT n FOR UPDATE OF s SKIP LOCKED) AS f;
-        n := LEAST(n, coalesce(pg_catalog.cardinality(starts), 0));
+        EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L)',
+                inbox__prepared(statements.free_starts,
+                    'pg_catalog.regclass, pg_catalog.int4, pg_catalog.timestamptz'),
+                queue::pg_catalog.oid, n, at)
+          INTO starts;
+        starts := coalesce(starts, '{}');
+        n := LEAST(n, pg_catalog.cardinality(starts));
     END IF;
     IF limits.key_concurrency IS NOT NULL AND n OPERATOR(pg_catalog.>) 0 THEN
         sql := inbox__key_sql(queue, limits.per_key);
@@ -1729,9 +1750,9 @@ BEGIN
                         'SELECT pg_catalog.array_agg(f.slot) FROM ( '
                         '  SELECT s.slot FROM inbox_queue_slots s '
                         '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' AND s.key OPERATOR(pg_catalog.=) $2 '
-                        '     AND s.slot OPERATOR(pg_catalog.<=) $4 AND NOT %s '
+                        '     AND s.slot OPERATOR(pg_catalog.<=) $4 AND NOT %s AND %s '
                         '   ORDER BY s.slot LIMIT $5 FOR UPDATE OF s SKIP LOCKED) AS f',
-                        inbox__slot_busy(queue, 's')),
+                        inbox__slot_busy(queue, 's'), inbox__slot_unchanged('s')),
                         'pg_catalog.regclass, pg_catalog.text, pg_catalog.timestamptz, pg_catalog.int4, '
                         'pg_catalog.int4'),
                     queue::pg_catalog.oid, turn_key, at, limits.key_concurrency,
@@ -1767,9 +1788,6 @@ BEGIN
                 slot_numbers := slot_numbers OPERATOR(pg_catalog.||) key_slots;
             END IF;
         END LOOP;
-        SELECT coalesce(pg_catalog.array_agg(f.key), '{}'), coalesce(pg_catalog.array_agg(f.slot), '{}')
-          INTO slot_keys, slot_numbers
-          FROM inbox__still_free(queue, 'k', slot_keys, slot_numbers, at) AS f;
         SELECT pg_catalog.array_agg(s.key), pg_catalog.array_agg(s.want) INTO keys, wants
           FROM (SELECT u.key, pg_catalog.count(*)::pg_catalog.int4 AS want
                   FROM pg_catalog.unnest(slot_keys) AS u(key) GROUP BY u.key) AS s;
@@ -1799,14 +1817,14 @@ BEGIN
                 'SELECT pg_catalog.array_agg(f.key), pg_catalog.array_agg(f.slot) FROM ( '
                 '  SELECT s.key, s.slot FROM inbox_queue_slots s '
                 '   WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind = ''k'' '
-                '     AND (s.started_at IS NULL OR s.started_at OPERATOR(pg_catalog.<) $2) AND NOT %s '
+                '     AND (s.started_at IS NULL OR s.started_at OPERATOR(pg_catalog.<) $2) AND NOT %s AND %s '
                 '     AND NOT (s.key OPERATOR(pg_catalog.=) ANY ($4)) '
                 '     FOR UPDATE OF s SKIP LOCKED) AS f',
-                inbox__slot_busy(queue, 's'))
+                inbox__slot_busy(queue, 's'), inbox__slot_unchanged('s'))
               INTO idle_keys, idle_slots
               USING queue, at OPERATOR(pg_catalog.-) '10 minutes'::pg_catalog.interval, at, slot_keys;
             DELETE FROM inbox_queue_slots d
-             USING inbox__still_free(inbox__take_limited.queue, 'k', idle_keys, idle_slots, at) AS f
+             USING ROWS FROM (pg_catalog.unnest(idle_keys), pg_catalog.unnest(idle_slots)) AS f(key, slot)
              WHERE d.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND d.kind = 'k'
                AND d.key OPERATOR(pg_catalog.=) f.key AND d.slot OPERATOR(pg_catalog.=) f.slot;
         END IF;
@@ -1825,22 +1843,15 @@ BEGIN
     IF pg_catalog.cardinality(jobs) OPERATOR(pg_catalog.=) 0 THEN
         RETURN;
     END IF;
-    -- Stamped after the jobs' leased_at: the next start of a rate slot is `per` after this one's.
+    given_jobs := pg_catalog.cardinality(jobs);
+    IF running IS NOT NULL OR starts IS NOT NULL THEN
+        EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L)',
+                inbox__prepared(statements.give_slots,
+                    'pg_catalog.regclass, pg_catalog.int4[], pg_catalog.int4[], pg_catalog.int8[], pg_catalog.int8[]'),
+                queue::pg_catalog.oid, running[1:given_jobs], starts[1:given_jobs], jobs, tokens);
+    END IF;
+    -- The keys' slots are stamped after the jobs' leased_at too.
     stamp := pg_catalog.clock_timestamp();
-    -- Each slot given is updated by its primary key (an UPDATE joined to the arrays would scan
-    -- every slot of the limit).
-    FOR i IN 1..pg_catalog.cardinality(jobs) LOOP
-        IF running IS NOT NULL THEN
-            UPDATE inbox_queue_slots s SET job = jobs[i], token = tokens[i], started_at = stamp
-             WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'c' AND s.key = ''
-               AND s.slot OPERATOR(pg_catalog.=) running[i];
-        END IF;
-        IF starts IS NOT NULL THEN
-            UPDATE inbox_queue_slots s SET started_at = stamp
-             WHERE s.queue OPERATOR(pg_catalog.=) inbox__take_limited.queue AND s.kind = 'r' AND s.key = ''
-               AND s.slot OPERATOR(pg_catalog.=) starts[i];
-        END IF;
-    END LOOP;
     IF chosen IS NOT NULL THEN
         -- Each job taken gets one of the slots locked for its key.
         FOR given IN

@@ -172,6 +172,75 @@ async fn a_concurrency_limit_holds_across_four_workers() {
     }
 }
 
+/// 16 connections that take, record and settle one job after another as fast as they can, on a
+/// queue limited to one at once: however their takes interleave (one that began before another
+/// gave the slot and locks it after), no two runs overlap, with leases and with locks. Without
+/// the take's check that the slot it locked is the version its snapshot judged, about one run in
+/// ten overlapped another here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn takes_racing_for_one_slot_never_both_get_it() {
+    let _turn = WORKERS.lock().await;
+    for claim in [Claim::Lease, Claim::Lock] {
+        let db = TestDb::new().await;
+        let (pg, queue) = setup(&db, 20_000).await;
+        queue.set_concurrency(&pg, Some(1)).await.unwrap();
+        let (take, begin, commit) = match claim {
+            Claim::Lease => ("SELECT id, token FROM inbox_lease('jobs')", "", ""),
+            _ => (
+                "SELECT id, token FROM inbox_lock('jobs')",
+                "BEGIN",
+                "COMMIT",
+            ),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        let loops = (0..16).map(|_| async {
+            let client = db.client().await;
+            while tokio::time::Instant::now() < deadline {
+                client.batch_execute(begin).await.unwrap();
+                let taken = client.query_opt(take, &[]).await.unwrap();
+                if let Some(row) = taken {
+                    let (job, token): (i64, i64) = (row.get(0), row.get(1));
+                    // Recorded while the job holds the slot: between its take and its ack.
+                    client
+                        .execute(
+                            "INSERT INTO runs (job, started, ended) \
+                             SELECT $1, clock_timestamp(), clock_timestamp()",
+                            &[&job],
+                        )
+                        .await
+                        .unwrap();
+                    client
+                        .execute(
+                            "UPDATE runs SET ended = clock_timestamp() WHERE job = $1",
+                            &[&job],
+                        )
+                        .await
+                        .unwrap();
+                    let acked: bool = client
+                        .query_one("SELECT inbox_ack('jobs', $1, $2)", &[&job, &token])
+                        .await
+                        .unwrap()
+                        .get(0);
+                    assert!(acked, "{claim:?}: job {job}'s ack was fenced");
+                }
+                client.batch_execute(commit).await.unwrap();
+            }
+        });
+        futures_util::future::join_all(loops).await;
+
+        let runs = count(&db, "SELECT count(*) FROM runs").await;
+        assert!(
+            runs >= 200,
+            "{claim:?}: only {runs} runs: the takes did not race"
+        );
+        let most = most_at_once(&db).await;
+        assert_eq!(
+            most, 1,
+            "{claim:?}: {most} of {runs} runs at once under a limit of 1"
+        );
+    }
+}
+
 /// A rate limit of 10 starts per 400 ms over 60 jobs and 32 slots: no window of 400 ms holds
 /// more than 10 leases (the jobs' leased_at, the server's clock), and the run took the five
 /// windows it must.
