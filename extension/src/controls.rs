@@ -264,18 +264,22 @@ pub(crate) fn take_limited(
     }
     let deliveries = crate::queue::take_jobs(client, queue, n, lease, None);
     if !deliveries.is_empty() {
-        let given = |slots: Option<Vec<i32>>| {
-            slots.map(|mut slots| {
-                slots.truncate(deliveries.len());
-                slots
-            })
+        // The first slots locked, one per job; a rate slot's job is NULL (past the arrays' end).
+        let taken = deliveries.len();
+        let slots: Vec<Tid> = [running.as_deref(), starts.as_deref()]
+            .into_iter()
+            .flat_map(|locked| locked.unwrap_or_default().iter().take(taken).copied())
+            .collect();
+        let (jobs, tokens): (Vec<i64>, Vec<i64>) = match running {
+            Some(_) => deliveries
+                .iter()
+                .map(|delivery| (delivery.0, delivery.2))
+                .unzip(),
+            None => (Vec::new(), Vec::new()),
         };
-        let jobs: Vec<i64> = deliveries.iter().map(|delivery| delivery.0).collect();
-        let tokens: Vec<i64> = deliveries.iter().map(|delivery| delivery.2).collect();
         limit_statement(client, queue, Op::GiveSlots).run(&[
             crate::datum::RegClass(queue).into(),
-            given(running).into(),
-            given(starts).into(),
+            slots.into(),
             jobs.into(),
             tokens.into(),
         ]);
@@ -283,14 +287,17 @@ pub(crate) fn take_limited(
     deliveries
 }
 
+/// A row's address, as the statements of the limits name the slots they lock.
+type Tid = pg_sys::ItemPointerData;
+
 /// Locks up to `n` free slots of a limit of `queue` (`op`: its statement), and lowers `n` to
 /// the number locked.
-fn lock_slots(client: &SpiClient<'_>, queue: Oid, op: Op, n: &mut i32, now: i64) -> Vec<i32> {
+fn lock_slots(client: &SpiClient<'_>, queue: Oid, op: Op, n: &mut i32, now: i64) -> Vec<Tid> {
     let plan = limit_statement(client, queue, op);
     // SAFETY: a timestamptz is an int64 passed by value.
     let now = unsafe { DatumWithOid::new(now, pg_sys::TIMESTAMPTZOID) };
     let args = [crate::datum::RegClass(queue).into(), (*n).into(), now];
-    let slots = plan.rows(&args).get::<Vec<i32>>(0, 1).unwrap_or_default();
+    let slots = plan.rows(&args).get::<Vec<Tid>>(0, 1).unwrap_or_default();
     *n = (*n).min(slots.len() as i32);
     slots
 }
@@ -311,8 +318,7 @@ fn limit_statement(client: &SpiClient<'_>, queue: Oid, op: Op) -> std::rc::Rc<pl
             "give_slots",
             vec![
                 pg_sys::REGCLASSOID,
-                pg_sys::INT4ARRAYOID,
-                pg_sys::INT4ARRAYOID,
+                pg_sys::TIDARRAYOID,
                 pg_sys::INT8ARRAYOID,
                 pg_sys::INT8ARRAYOID,
             ],
