@@ -1146,12 +1146,7 @@ COMMENT ON FUNCTION inbox_limits(pg_catalog.regclass) IS
 CREATE OR REPLACE FUNCTION inbox__slot_unchanged(s pg_catalog.text) RETURNS pg_catalog.text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 RETURN pg_catalog.format(
-    'EXISTS (SELECT FROM @extschema@.inbox_queue_slots v '
-    '         WHERE v.queue OPERATOR(pg_catalog.=) %1$s.queue AND v.kind OPERATOR(pg_catalog.=) %1$s.kind '
-    '           AND v.key OPERATOR(pg_catalog.=) %1$s.key AND v.slot OPERATOR(pg_catalog.=) %1$s.slot '
-    '           AND v.started_at IS NOT DISTINCT FROM %1$s.started_at '
-    '           AND v.job IS NOT DISTINCT FROM %1$s.job AND v.token IS NOT DISTINCT FROM %1$s.token '
-    '        OFFSET 0)',
+    'EXISTS (SELECT FROM @extschema@.inbox_queue_slots v WHERE v.ctid OPERATOR(pg_catalog.=) %1$s.ctid OFFSET 0)',
     s);
 
 DROP FUNCTION IF EXISTS inbox__free_slots(pg_catalog.regclass);
@@ -1171,46 +1166,54 @@ DECLARE
         'NOT EXISTS (SELECT FROM @extschema@.inbox_queue_slots r '
         '             WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.kind OPERATOR(pg_catalog.=) %1$L::"char" '
         '               AND r.key OPERATOR(pg_catalog.=) '''' AND r.slot OPERATOR(pg_catalog.>) %2$s AND %3$s) ';
+    -- From slot %5$s up to the limit, then from the first: where the free slots likely are.
     lock constant pg_catalog.text :=
-        'SELECT pg_catalog.array_agg(f.slot) FROM ( '
-        '  SELECT s.slot FROM @extschema@.inbox_queue_slots s '
-        '   WHERE %1$s AND s.slot OPERATOR(pg_catalog.<=) %2$s AND %3$s AND %4$s '
-        '   ORDER BY s.slot LIMIT $2 FOR UPDATE OF s SKIP LOCKED) AS f';
-    concurrency constant pg_catalog.text :=
-        '(SELECT c.concurrency FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) $1)';
-    rate constant pg_catalog.text :=
-        '(SELECT c.rate_limit FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) $1)';
-    since constant pg_catalog.text :=
-        '($3 OPERATOR(pg_catalog.-) (SELECT c.rate_period FROM @extschema@.inbox_queue_controls c '
-        '                            WHERE c.queue OPERATOR(pg_catalog.=) $1))';
+        'WITH limits AS MATERIALIZED ( '
+        '  SELECT c.concurrency, c.rate_limit, c.rate_period FROM @extschema@.inbox_queue_controls c '
+        '   WHERE c.queue OPERATOR(pg_catalog.=) $1) '
+        'SELECT pg_catalog.array_agg(f.ctid) FROM ( '
+        '  SELECT * FROM (SELECT s.ctid FROM @extschema@.inbox_queue_slots s '
+        '                  WHERE %1$s AND s.slot OPERATOR(pg_catalog.>=) %5$s '
+        '                    AND s.slot OPERATOR(pg_catalog.<=) %2$s AND %3$s AND %4$s '
+        '                  ORDER BY s.slot LIMIT $2 FOR UPDATE OF s SKIP LOCKED) AS later '
+        '  UNION ALL '
+        '  SELECT * FROM (SELECT s.ctid FROM @extschema@.inbox_queue_slots s '
+        '                  WHERE %1$s AND s.slot OPERATOR(pg_catalog.<) %5$s AND %3$s AND %4$s '
+        '                  ORDER BY s.slot LIMIT $2 FOR UPDATE OF s SKIP LOCKED) AS earlier '
+        '  LIMIT $2) AS f';
+    -- The queue's limits, read once per statement (from `limits`, above).
+    concurrency constant pg_catalog.text := '(SELECT l.concurrency FROM limits l)';
+    rate constant pg_catalog.text := '(SELECT l.rate_limit FROM limits l)';
+    period constant pg_catalog.text := '(SELECT l.rate_period FROM limits l)';
+    since constant pg_catalog.text := '($3 OPERATOR(pg_catalog.-) ' OPERATOR(pg_catalog.||) period OPERATOR(pg_catalog.||) ')';
 BEGIN
     free_slots := pg_catalog.format(lock,
         pg_catalog.format(own, 'c'), concurrency,
         'NOT ' OPERATOR(pg_catalog.||) @extschema@.inbox__slot_busy(queue, 's')
             OPERATOR(pg_catalog.||) ' AND ' OPERATOR(pg_catalog.||) @extschema@.inbox__slot_unchanged('s'),
-        pg_catalog.format(retiring, 'c', concurrency, @extschema@.inbox__slot_busy(queue, 'r')));
+        pg_catalog.format(retiring, 'c', concurrency, @extschema@.inbox__slot_busy(queue, 'r')),
+        -- Each session its own first slot: concurrent takes do not all queue up at slot 1, and a
+        -- session that settled a job finds the slot it gave back first.
+        pg_catalog.format('(pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.%%) %s OPERATOR(pg_catalog.+) 1)',
+                          concurrency));
     free_starts := pg_catalog.format(lock,
         pg_catalog.format(own, 'r'), rate,
         pg_catalog.format('(s.started_at IS NULL OR s.started_at OPERATOR(pg_catalog.<=) %s)', since),
         pg_catalog.format(retiring, 'r', rate,
-                          pg_catalog.format('r.started_at OPERATOR(pg_catalog.>) %s', since)));
-    -- Each slot is found by its primary key, then updated by its row's address, which its lock
-    -- keeps current: planned as a join of the slots to the arrays, or with `slot = ANY (...)`,
-    -- the update read every slot of the limit.
+                          pg_catalog.format('r.started_at OPERATOR(pg_catalog.>) %s', since)),
+        -- The slot whose turn it would be if the starts came evenly, `per` / `n` apart: the
+        -- slots after it were given longest ago, and the scan need not pass the window's starts.
+        pg_catalog.format(
+            '((pg_catalog.floor(EXTRACT(epoch FROM $3) OPERATOR(pg_catalog.*) %1$s '
+            '   OPERATOR(pg_catalog./) EXTRACT(epoch FROM %2$s))::pg_catalog.int8 '
+            '  OPERATOR(pg_catalog.%%) %1$s) OPERATOR(pg_catalog.+) 1)',
+            rate, period));
     give_slots :=
         'UPDATE @extschema@.inbox_queue_slots s '
-        '   SET job = g.job, token = g.token, started_at = pg_catalog.clock_timestamp() '
-        '  FROM (SELECT v.ctid AS row, u.job, u.token '
-        '          FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($4), pg_catalog.unnest($5)) AS u(slot, job, token), '
-        '               LATERAL (SELECT v.ctid FROM @extschema@.inbox_queue_slots v '
-        '                         WHERE v.queue OPERATOR(pg_catalog.=) $1 AND v.kind OPERATOR(pg_catalog.=) ''c''::"char" '
-        '                           AND v.key OPERATOR(pg_catalog.=) '''' AND v.slot OPERATOR(pg_catalog.=) u.slot OFFSET 0) AS v '
-        '        UNION ALL '
-        '        SELECT v.ctid, NULL, NULL FROM pg_catalog.unnest($3) AS u(slot), '
-        '               LATERAL (SELECT v.ctid FROM @extschema@.inbox_queue_slots v '
-        '                         WHERE v.queue OPERATOR(pg_catalog.=) $1 AND v.kind OPERATOR(pg_catalog.=) ''r''::"char" '
-        '                           AND v.key OPERATOR(pg_catalog.=) '''' AND v.slot OPERATOR(pg_catalog.=) u.slot OFFSET 0) AS v) AS g '
-        ' WHERE s.ctid OPERATOR(pg_catalog.=) g.row';
+        '   SET job = ($3)[pg_catalog.array_position($2, s.ctid)], '
+        '       token = ($4)[pg_catalog.array_position($2, s.ctid)], '
+        '       started_at = pg_catalog.clock_timestamp() '
+        ' WHERE s.ctid OPERATOR(pg_catalog.=) ANY ($2) AND s.queue OPERATOR(pg_catalog.=) $1';
 END
 $$;
 
@@ -1250,8 +1253,9 @@ DECLARE
     at constant pg_catalog.timestamptz := pg_catalog.clock_timestamp();
     limits record;
     statements record;
-    running pg_catalog.int4[];
-    starts pg_catalog.int4[];
+    -- The slots locked for the take (their rows' addresses).
+    running pg_catalog.tid[];
+    starts pg_catalog.tid[];
     n pg_catalog.int4 := max;
     jobs pg_catalog.int8[] := '{}';
     tokens pg_catalog.int8[] := '{}';
@@ -1420,10 +1424,13 @@ BEGIN
     END IF;
     given_jobs := pg_catalog.cardinality(jobs);
     IF running IS NOT NULL OR starts IS NOT NULL THEN
-        EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L, %L)',
+        -- The rate slots' jobs are NULL: past the end of the arrays.
+        EXECUTE pg_catalog.format('EXECUTE %I(%L, %L, %L, %L)',
                 @extschema@.inbox__prepared(statements.give_slots,
-                    'pg_catalog.regclass, pg_catalog.int4[], pg_catalog.int4[], pg_catalog.int8[], pg_catalog.int8[]'),
-                queue::pg_catalog.oid, running[1:given_jobs], starts[1:given_jobs], jobs, tokens);
+                    'pg_catalog.regclass, pg_catalog.tid[], pg_catalog.int8[], pg_catalog.int8[]'),
+                queue::pg_catalog.oid,
+                coalesce(running[1:given_jobs], '{}') OPERATOR(pg_catalog.||) coalesce(starts[1:given_jobs], '{}'),
+                CASE WHEN running IS NOT NULL THEN jobs END, CASE WHEN running IS NOT NULL THEN tokens END);
     END IF;
     -- The keys' slots are stamped after the jobs' leased_at too.
     stamp := pg_catalog.clock_timestamp();

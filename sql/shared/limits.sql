@@ -317,14 +317,15 @@ DROP FUNCTION IF EXISTS inbox__still_free(pg_catalog.regclass, "char", pg_catalo
 -- limit), run by inbox__take_limited and, in the pgrx build, by the take itself (controls.rs):
 -- - free_slots locks up to $2 free slots of the concurrency limit ($1 queue, $3 the clock) and
 --   returns their rows' addresses (tid[]); none while a retiring slot is busy. In the index's
---   order, so that the scan stops at the first free ones: the busy slots it passes are at most
---   the jobs running.
--- - free_starts does the same for the rate limit: the slots last given at least `per` ago.
+--   order from a slot of the session's own, wrapping round, so that the scan stops at the first
+--   free ones: the busy slots it passes are at most the jobs running.
+-- - free_starts does the same for the rate limit (the slots last given at least `per` ago),
+--   from the slot whose turn it is by the clock.
 -- - give_slots gives the slots locked (by address: the lock keeps a row where it is) to the jobs
 --   taken: $1 the queue, $2 the slots, $3 the jobs and $4 their tokens (int8[], NULL for a rate
 --   slot, which records its start only), stamped after the jobs' leases: the next start of a rate
 --   slot is `per` after this one's.
--- Each statement reads the limits from inbox_queue_controls.
+-- Each statement reads the limits from inbox_queue_controls, once.
 CREATE OR REPLACE FUNCTION inbox__limit_statements(queue pg_catalog.regclass,
                                                    OUT free_slots pg_catalog.text,
                                                    OUT free_starts pg_catalog.text,
@@ -338,29 +339,48 @@ DECLARE
         'NOT EXISTS (SELECT FROM @extschema@.inbox_queue_slots r '
         '             WHERE r.queue OPERATOR(pg_catalog.=) $1 AND r.kind OPERATOR(pg_catalog.=) %1$L::"char" '
         '               AND r.key OPERATOR(pg_catalog.=) '''' AND r.slot OPERATOR(pg_catalog.>) %2$s AND %3$s) ';
+    -- From slot %5$s up to the limit, then from the first: where the free slots likely are.
     lock constant pg_catalog.text :=
+        'WITH limits AS MATERIALIZED ( '
+        '  SELECT c.concurrency, c.rate_limit, c.rate_period FROM @extschema@.inbox_queue_controls c '
+        '   WHERE c.queue OPERATOR(pg_catalog.=) $1) '
         'SELECT pg_catalog.array_agg(f.ctid) FROM ( '
-        '  SELECT s.ctid FROM @extschema@.inbox_queue_slots s '
-        '   WHERE %1$s AND s.slot OPERATOR(pg_catalog.<=) %2$s AND %3$s AND %4$s '
-        '   ORDER BY s.slot LIMIT $2 FOR UPDATE OF s SKIP LOCKED) AS f';
-    concurrency constant pg_catalog.text :=
-        '(SELECT c.concurrency FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) $1)';
-    rate constant pg_catalog.text :=
-        '(SELECT c.rate_limit FROM @extschema@.inbox_queue_controls c WHERE c.queue OPERATOR(pg_catalog.=) $1)';
-    since constant pg_catalog.text :=
-        '($3 OPERATOR(pg_catalog.-) (SELECT c.rate_period FROM @extschema@.inbox_queue_controls c '
-        '                            WHERE c.queue OPERATOR(pg_catalog.=) $1))';
+        '  SELECT * FROM (SELECT s.ctid FROM @extschema@.inbox_queue_slots s '
+        '                  WHERE %1$s AND s.slot OPERATOR(pg_catalog.>=) %5$s '
+        '                    AND s.slot OPERATOR(pg_catalog.<=) %2$s AND %3$s AND %4$s '
+        '                  ORDER BY s.slot LIMIT $2 FOR UPDATE OF s SKIP LOCKED) AS later '
+        '  UNION ALL '
+        '  SELECT * FROM (SELECT s.ctid FROM @extschema@.inbox_queue_slots s '
+        '                  WHERE %1$s AND s.slot OPERATOR(pg_catalog.<) %5$s AND %3$s AND %4$s '
+        '                  ORDER BY s.slot LIMIT $2 FOR UPDATE OF s SKIP LOCKED) AS earlier '
+        '  LIMIT $2) AS f';
+    -- The queue's limits, read once per statement (from `limits`, above).
+    concurrency constant pg_catalog.text := '(SELECT l.concurrency FROM limits l)';
+    rate constant pg_catalog.text := '(SELECT l.rate_limit FROM limits l)';
+    period constant pg_catalog.text := '(SELECT l.rate_period FROM limits l)';
+    since constant pg_catalog.text := '($3 OPERATOR(pg_catalog.-) ' OPERATOR(pg_catalog.||) period OPERATOR(pg_catalog.||) ')';
 BEGIN
     free_slots := pg_catalog.format(lock,
         pg_catalog.format(own, 'c'), concurrency,
         'NOT ' OPERATOR(pg_catalog.||) @extschema@.inbox__slot_busy(queue, 's')
             OPERATOR(pg_catalog.||) ' AND ' OPERATOR(pg_catalog.||) @extschema@.inbox__slot_unchanged('s'),
-        pg_catalog.format(retiring, 'c', concurrency, @extschema@.inbox__slot_busy(queue, 'r')));
+        pg_catalog.format(retiring, 'c', concurrency, @extschema@.inbox__slot_busy(queue, 'r')),
+        -- Each session its own first slot: concurrent takes do not all queue up at slot 1, and a
+        -- session that settled a job finds the slot it gave back first.
+        pg_catalog.format('(pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.%%) %s OPERATOR(pg_catalog.+) 1)',
+                          concurrency));
     free_starts := pg_catalog.format(lock,
         pg_catalog.format(own, 'r'), rate,
         pg_catalog.format('(s.started_at IS NULL OR s.started_at OPERATOR(pg_catalog.<=) %s)', since),
         pg_catalog.format(retiring, 'r', rate,
-                          pg_catalog.format('r.started_at OPERATOR(pg_catalog.>) %s', since)));
+                          pg_catalog.format('r.started_at OPERATOR(pg_catalog.>) %s', since)),
+        -- The slot whose turn it would be if the starts came evenly, `per` / `n` apart: the
+        -- slots after it were given longest ago, and the scan need not pass the window's starts.
+        pg_catalog.format(
+            '((pg_catalog.floor(EXTRACT(epoch FROM $3) OPERATOR(pg_catalog.*) %1$s '
+            '   OPERATOR(pg_catalog./) EXTRACT(epoch FROM %2$s))::pg_catalog.int8 '
+            '  OPERATOR(pg_catalog.%%) %1$s) OPERATOR(pg_catalog.+) 1)',
+            rate, period));
     give_slots :=
         'UPDATE @extschema@.inbox_queue_slots s '
         '   SET job = ($3)[pg_catalog.array_position($2, s.ctid)], '
