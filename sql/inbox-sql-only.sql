@@ -1619,10 +1619,12 @@ BEGIN
                           pg_catalog.format('r.started_at OPERATOR(pg_catalog.>) %s', since)),
         -- The slot whose turn it would be if the starts came evenly, `per` / `n` apart: the
         -- slots after it were given longest ago, and the scan need not pass the window's starts.
+        -- (In numeric up to the remainder: the turns since 1970 of 10,000 starts a microsecond
+        -- would overflow a bigint.)
         pg_catalog.format(
             '((pg_catalog.floor(EXTRACT(epoch FROM $3) OPERATOR(pg_catalog.*) %1$s '
-            '   OPERATOR(pg_catalog./) EXTRACT(epoch FROM %2$s))::pg_catalog.int8 '
-            '  OPERATOR(pg_catalog.%%) %1$s) OPERATOR(pg_catalog.+) 1)',
+            '                   OPERATOR(pg_catalog./) EXTRACT(epoch FROM %2$s)) '
+            '  OPERATOR(pg_catalog.%%) %1$s)::pg_catalog.int8 OPERATOR(pg_catalog.+) 1)',
             rate, period));
     give_slots :=
         'UPDATE inbox_queue_slots s '

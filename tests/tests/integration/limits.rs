@@ -688,6 +688,27 @@ async fn bad_limits_are_refused() {
     );
 }
 
+/// The limits' extremes are taken from: the largest rate over the shortest window (10,000 starts
+/// a microsecond, whose turns since 1970 a bigint cannot count) and the largest concurrency
+/// limit lease every job, with leases and with locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_extreme_limits_are_taken_from() {
+    let db = TestDb::new().await;
+    let (_pg, _queue) = setup(&db, 6).await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "SELECT inbox_set_rate_limit('jobs', 10000, interval '1 microsecond'); \
+             SELECT inbox_set_concurrency('jobs', 10000)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(lease_ids(&client, "inbox_lease('jobs', 3)").await.len(), 3);
+    client.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(lease_ids(&client, "inbox_lock('jobs', 3)").await.len(), 3);
+    client.batch_execute("COMMIT").await.unwrap();
+}
+
 /// The idle key slots' cleanup, which about one lease in fifty runs, made to run by the session's
 /// random seed: it deletes the free slots last given more than 10 minutes ago, and keeps a busy
 /// one however old, the recent ones, and those of the key the lease serves.
