@@ -1952,6 +1952,7 @@ CREATE TABLE IF NOT EXISTS inbox_batch_members (
 );
 CREATE INDEX IF NOT EXISTS inbox_batch_members_batch_id ON inbox_batch_members (batch, id);
 COMMENT ON TABLE inbox_batch_members IS 'The jobs of each batch and how each settled.';
+ALTER TABLE inbox_batch_members SET (fillfactor = 50);
 DROP INDEX IF EXISTS inbox_batch_members_batch;
 DROP TABLE IF EXISTS inbox_batch_shards;
 ALTER TABLE inbox_batch_members DROP COLUMN IF EXISTS shard;

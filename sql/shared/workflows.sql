@@ -86,6 +86,10 @@ CREATE TABLE IF NOT EXISTS inbox_batch_members (
 -- is still to settle (inbox__members_settled).
 CREATE INDEX IF NOT EXISTS inbox_batch_members_batch_id ON inbox_batch_members (batch, id);
 COMMENT ON TABLE inbox_batch_members IS 'The jobs of each batch and how each settled.';
+-- Each member's row is written once more, when it settles: half of every page is kept free for
+-- that new version, which then stays on its page (a HOT update, no new index entries). Measured
+-- in figure 16 (40,000 jobs): batches at 0.81 and 0.82 of plain jobs with it, 0.76 without.
+ALTER TABLE inbox_batch_members SET (fillfactor = 50);
 -- Installs that counted members on counter rows (inbox_batch_shards) lose them here.
 DROP INDEX IF EXISTS inbox_batch_members_batch;
 DROP TABLE IF EXISTS inbox_batch_shards;

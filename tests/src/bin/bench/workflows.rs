@@ -131,7 +131,7 @@ async fn fill(admin: &tokio_postgres::Client, how: Composition, jobs: i64) -> Re
 }
 
 pub async fn workflows(ctx: &Ctx) -> Result<Vec<Row>> {
-    let jobs: i64 = if ctx.opts.quick { 2_000 } else { 10_000 };
+    let jobs: i64 = if ctx.opts.quick { 2_000 } else { 40_000 };
     let admin = ctx.connect().await?;
     let mut rows = Vec::new();
     for (how, name) in [
