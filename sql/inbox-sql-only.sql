@@ -1242,9 +1242,10 @@ COMMENT ON FUNCTION inbox_dead_jobs(pg_catalog.regclass, pg_catalog.int4) IS
 -- ---- sql/shared/limits.sql ----
 
 -- Concurrency and rate limits (docs/sql-api.md, "Limits"), written once for both builds: the
--- leases and locks of a queue that has a limit run inbox__take_limited (the pgrx build's
--- controls.rs and the SQL-only build's inbox__take tell from inbox_queue_controls which queues
--- have one), so that a queue without limits pays nothing for them.
+-- leases and locks of a queue that has a limit run inbox__take_limited, or in the pgrx build, for
+-- a queue without a limit per key, the statements of inbox__limit_statements around its own take
+-- (controls.rs; it and the SQL-only build's inbox__take tell from inbox_queue_controls which
+-- queues have limits), so that a queue without limits pays nothing for them.
 --
 -- A limit is a set of slots, rows of inbox_queue_slots, and a take gives each job it hands out
 -- one slot of every limit of its queue. It picks free slots with FOR UPDATE SKIP LOCKED in its
@@ -5526,7 +5527,8 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
-    PERFORM inbox__queue_shape(queue);
+    -- A queue or an outbox: any table.
+    PERFORM inbox__checked_columns(queue, 'table', '{}', '', 0);
     SELECT pg_stat_get_dead_tuples(c.oid) AS dead, pg_stat_get_live_tuples(c.oid) AS live,
            EXISTS (SELECT FROM pg_stat_progress_vacuum v WHERE v.relid = c.oid) AS running,
            pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') AS permitted,

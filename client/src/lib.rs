@@ -86,6 +86,7 @@ mod schedule;
 mod sql;
 mod statement;
 mod tx;
+mod vacuum;
 pub mod worker;
 mod workflow;
 

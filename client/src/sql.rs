@@ -215,11 +215,12 @@ pub(crate) const QUEUE_STOP_SLEEPING: &str = "SELECT inbox_stop_sleeping($1::tex
 /// Bounds how long the LISTEN session waits, before it sleeps, for enqueues in flight to end.
 pub(crate) const SLEEP_LOCK_TIMEOUT: &str = "SET lock_timeout = '1s'";
 
-/// `inbox_vacuum_due(queue)`: the queue's quoted name when its worker should vacuum it now.
-pub(crate) const QUEUE_VACUUM_DUE: &str = "SELECT inbox_vacuum_due($1::text::regclass)";
+/// `inbox_vacuum_due(table)`: the queue's or outbox's quoted name when its worker or relay
+/// should vacuum it now.
+pub(crate) const VACUUM_DUE: &str = "SELECT inbox_vacuum_due($1::text::regclass)";
 
-/// Vacuums a queue without ever blocking it: a queue being vacuumed already (by autovacuum or
-/// another worker) is skipped, and the table is not truncated (that would lock it). `table` is
+/// Vacuums a queue or outbox without ever blocking it: one being vacuumed already (by autovacuum
+/// or another worker) is skipped, and the table is not truncated (that would lock it). `table` is
 /// the quoted name `inbox_vacuum_due` returned.
 pub(crate) fn vacuum(table: &str) -> String {
     format!("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE OFF) {table}")

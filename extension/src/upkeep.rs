@@ -1,11 +1,11 @@
-//! Upkeep of a queue: when to vacuum it.
+//! Upkeep of a queue or an outbox: when to vacuum it.
 //!
 //! Every job leaves dead row versions behind (its lease's update, its ack's delete), and a queue
 //! turning over thousands of jobs a second piles them up faster than autovacuum, which visits a
 //! database once per `autovacuum_naptime` (a minute by default), can clear them: the table and
 //! its indexes grow, and every lease walks over the dead entries at the head of its index. The
-//! worker therefore vacuums its own queue (`VACUUM` cannot run inside a function); this file
-//! tells it when that is worth doing.
+//! worker therefore vacuums its own queue, and the relay its outbox (`VACUUM` cannot run inside a
+//! function); this file tells them when that is worth doing.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -16,7 +16,6 @@ use pgrx::prelude::*;
 
 use crate::datum::RegClass;
 use crate::error::*;
-use crate::plans;
 use crate::statements;
 
 /// Dead rows below which a queue is never vacuumed by its worker, whatever its size.
@@ -32,7 +31,7 @@ thread_local! {
 
 /// The oldest transaction whose deletions a vacuum of `queue` must keep (the oldest snapshot).
 fn removal_horizon(queue: Oid) -> TransactionId {
-    // SAFETY: the queue exists (its shape was loaded in this transaction); it is opened with the
+    // SAFETY: the table exists (it was checked in this transaction); it is opened with the
     // weakest lock, which only a DROP or ALTER would wait for, and closed at once.
     unsafe {
         let relation = pg_sys::relation_open(queue, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
@@ -42,7 +41,8 @@ fn removal_horizon(queue: Oid) -> TransactionId {
     }
 }
 
-/// The queue's qualified, quoted name when it should be vacuumed now, else NULL: when its dead
+/// The qualified, quoted name of `queue` (a queue or an outbox: any table; 42809 for another
+/// relation) when it should be vacuumed now, else NULL: when its dead
 /// rows (as counted by the statistics system) reach 1,000 and a tenth of its live rows, no
 /// vacuum is working on it, the caller may vacuum it (owns it or the database), and the oldest
 /// snapshot moved since this session last answered yes (while it stands still, a vacuum could
@@ -52,7 +52,14 @@ fn removal_horizon(queue: Oid) -> TransactionId {
 fn inbox_vacuum_due(queue: Option<RegClass>) -> Option<String> {
     let queue = required(queue, "queue").0;
     let (dead, live, running, permitted, name) = Spi::connect(|client| {
-        plans::queue(client, queue);
+        let schema = crate::controls::schema(client);
+        client
+            .select(
+                &format!("SELECT {schema}.inbox__checked_columns($1, 'table', '{{}}', '', 0)"),
+                None,
+                &[RegClass(queue).into()],
+            )
+            .unwrap_or_else(|e| internal(e));
         let sql = statements::vacuum_facts();
         // SAFETY: an oid is passed by value.
         let oid = unsafe { DatumWithOid::new(queue, pg_sys::OIDOID) };

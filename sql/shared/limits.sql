@@ -1,7 +1,8 @@
 -- Concurrency and rate limits (docs/sql-api.md, "Limits"), written once for both builds: the
--- leases and locks of a queue that has a limit run inbox__take_limited (the pgrx build's
--- controls.rs and the SQL-only build's inbox__take tell from inbox_queue_controls which queues
--- have one), so that a queue without limits pays nothing for them.
+-- leases and locks of a queue that has a limit run inbox__take_limited, or in the pgrx build, for
+-- a queue without a limit per key, the statements of inbox__limit_statements around its own take
+-- (controls.rs; it and the SQL-only build's inbox__take tell from inbox_queue_controls which
+-- queues have limits), so that a queue without limits pays nothing for them.
 --
 -- A limit is a set of slots, rows of inbox_queue_slots, and a take gives each job it hands out
 -- one slot of every limit of its queue. It picks free slots with FOR UPDATE SKIP LOCKED in its

@@ -193,7 +193,8 @@ BEGIN
     IF queue IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'queue must not be NULL';
     END IF;
-    PERFORM inbox__queue_shape(queue);
+    -- A queue or an outbox: any table.
+    PERFORM inbox__checked_columns(queue, 'table', '{}', '', 0);
     SELECT pg_stat_get_dead_tuples(c.oid) AS dead, pg_stat_get_live_tuples(c.oid) AS live,
            EXISTS (SELECT FROM pg_stat_progress_vacuum v WHERE v.relid = c.oid) AS running,
            pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') AS permitted,

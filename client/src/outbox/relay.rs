@@ -12,6 +12,10 @@
 //! third of its lease to renew it; without direct connection settings it polls every 250 ms. A relay that
 //! finds the lease held by another sleeps until that lease ends, then tries to take it: a killed
 //! holder is replaced within one lease period.
+//!
+//! Every message relayed leaves a dead row, which a relay clears as a worker clears its queue's:
+//! it vacuums the outbox when `inbox_vacuum_due` says so (see `crate::vacuum`), on a connection
+//! of its own when its port has connection settings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -91,6 +95,7 @@ pub struct Relay<S> {
     batch: i32,
     lease: Duration,
     max_attempts: i32,
+    vacuum: bool,
     counts: Arc<RelayCounts>,
 }
 
@@ -107,6 +112,7 @@ impl<S: Sink> Relay<S> {
             batch: 1000,
             lease: Duration::from_secs(30),
             max_attempts: 10,
+            vacuum: true,
             counts: Arc::default(),
         }
     }
@@ -140,6 +146,16 @@ impl<S: Sink> Relay<S> {
         self
     }
 
+    /// Whether the relay vacuums the outbox when dead rows pile up (default on), as a worker
+    /// vacuums its queue (`docs/operating.md`), on a connection of its own: a relay whose port
+    /// was built from a bare pool (no connection settings) leaves the outbox to autovacuum. Turn it off only where
+    /// something else vacuums the outbox every few seconds.
+    #[must_use]
+    pub fn vacuum(mut self, on: bool) -> Self {
+        self.vacuum = on;
+        self
+    }
+
     /// The counts of what it has done, updated as it runs.
     pub fn counts(&self) -> Arc<RelayCounts> {
         Arc::clone(&self.counts)
@@ -152,6 +168,18 @@ impl<S: Sink> Relay<S> {
     /// Only an error that retrying cannot cure: the outbox does not exist or is not an outbox,
     /// or the role may not use it.
     pub async fn run(self, stop: CancellationToken) -> Result<(), DbError> {
+        // Ends with the relay, however it returns.
+        let upkeep = stop.child_token();
+        let _upkeep_ends = upkeep.clone().drop_guard();
+        // On a connection of its own only: a pooled one would be held from the relay's rounds.
+        if self.vacuum && self.db.config().is_some() {
+            tokio::spawn(crate::vacuum::run(crate::vacuum::Upkeep {
+                db: self.db.clone(),
+                table: self.outbox.clone(),
+                purge_results: false,
+                stop: upkeep,
+            }));
+        }
         let mut listener = Listener::new(&self.db, &self.outbox);
         let mut backoff = Duration::from_millis(100);
         let mut pending = None;

@@ -73,7 +73,6 @@ mod listen;
 mod plain;
 mod policy;
 mod transactional;
-mod vacuum;
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -693,7 +692,12 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         let mut tasks = JoinSet::new();
         tasks.spawn(listen::run(shared.clone()));
         if shared.settings.vacuum {
-            tasks.spawn(vacuum::run(shared.clone()));
+            tasks.spawn(crate::vacuum::run(crate::vacuum::Upkeep {
+                db: shared.db.clone(),
+                table: shared.queue.clone(),
+                purge_results: true,
+                stop: shared.stop.clone(),
+            }));
         }
         let leases = shared.settings.claim == Claim::Lease || matches!(self.mode, Mode::Plain(_));
         if leases && shared.settings.heartbeat {

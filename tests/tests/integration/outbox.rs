@@ -308,6 +308,9 @@ fn check_stream(
     );
 }
 
+/// 8 producers publish while one relay runs: every committed message reaches the stream once, in
+/// order per key, none rolled back; the relay counts them, vacuums the outbox behind it and gives
+/// its lease up when stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_delivers_every_committed_message_once_in_order_per_key() {
     let db = TestDb::new().await;
@@ -359,6 +362,25 @@ async fn a_relay_delivers_every_committed_message_once_in_order_per_key() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(counts.sent(), committed.len() as u64);
+    // It vacuumed the outbox behind it (every message sent left a dead row; the statistics that
+    // tell it so reach the server within a second or two).
+    let client = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let vacuums = loop {
+        let vacuums: i64 = client
+            .query_one(
+                "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'events'::regclass",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if vacuums > 0 || Instant::now() > deadline {
+            break vacuums;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(vacuums > 0, "the relay never vacuumed the outbox");
     stop.cancel();
     relay.await.unwrap();
     // It gave its lease up on the way out.

@@ -1,27 +1,27 @@
-//! Keeps the worker's queue small: vacuums it when its dead rows pile up, and purges the
-//! results kept past their time.
+//! Keeps a worker's queue or a relay's outbox small: vacuums it when its dead rows pile up, and
+//! (for a worker) purges the results kept past their time.
 //!
-//! Every job leaves dead row versions (its lease's update, its ack's delete). Autovacuum visits a
-//! database at most once per `autovacuum_naptime` (a minute by default), while a busy queue
-//! leaves tens of thousands of dead rows a second: its table and indexes grow, and every lease
-//! walks over dead index entries. So the worker looks four times a second whether the queue
-//! should be vacuumed (`inbox_vacuum_due`: enough dead rows, no vacuum on it already, and the
-//! oldest snapshot moved since its last vacuum) and, if so, runs `VACUUM` on a connection of its
-//! own, outside any transaction. The vacuum never blocks the queue: it takes no lock that
-//! enqueues, leases or settlements wait for, skips a queue that another vacuum works on
-//! (autovacuum, or another worker of the same queue: at most one runs), and does not truncate the
-//! table.
+//! Every job leaves dead row versions (its lease's update, its ack's delete), and so does every
+//! message relayed. Autovacuum visits a database at most once per `autovacuum_naptime` (a minute
+//! by default), while a busy queue leaves tens of thousands of dead rows a second: its table and
+//! indexes grow, and every lease walks over dead index entries. So the worker, and the relay,
+//! look four times a second whether their table should be vacuumed (`inbox_vacuum_due`: enough
+//! dead rows, no vacuum on it already, and the oldest snapshot moved since its last vacuum) and,
+//! if so, run `VACUUM` on a connection of their own, outside any transaction. The vacuum never
+//! blocks the table: it takes no lock that enqueues, leases, settlements or claims wait for,
+//! skips a table that another vacuum works on (autovacuum, or another worker of the same queue:
+//! at most one runs), and does not truncate the table.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::NoTls;
+use tokio_util::sync::CancellationToken;
 
-use super::Shared;
 use crate::error::DbError;
+use crate::pg::PgDatabase;
 use crate::sql;
 
-/// How often the worker looks whether its queue should be vacuumed (a cheap query: the
+/// How often the worker or relay looks whether its table should be vacuumed (a cheap query: the
 /// statistics the server keeps, which its backends update about once a second).
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 
@@ -34,10 +34,20 @@ const PURGE_MAX: i32 = 1_000;
 /// `42883 undefined_function`: an extension too old to keep results.
 const UNDEFINED_FUNCTION: &str = "42883";
 
-/// Looks four times a second whether the queue should be vacuumed, and vacuums it, and every
-/// 10 s purges expired results; until the worker stops. A failure is logged and tried again at
-/// the next look.
-pub(super) async fn run(shared: Arc<Shared>) {
+/// What a vacuum loop keeps small.
+pub(crate) struct Upkeep {
+    pub db: PgDatabase,
+    /// The table, as its owner names it (a queue or an outbox).
+    pub table: String,
+    /// Whether it also purges expired results, every 10 s (a worker's loop does).
+    pub purge_results: bool,
+    pub stop: CancellationToken,
+}
+
+/// Looks four times a second whether the table should be vacuumed, and vacuums it, and (with
+/// `purge_results`) every 10 s purges expired results; until `stop`. A failure is logged and
+/// tried again at the next look.
+pub(crate) async fn run(shared: Upkeep) {
     let mut session: Option<Session> = None;
     let mut looks: u32 = 0;
     let mut purges = true;
@@ -51,7 +61,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             None => match Session::open(&shared).await {
                 Ok(opened) => opened,
                 Err(error) => {
-                    tracing::warn!(queue = %shared.queue, %error, "cannot connect to vacuum the queue");
+                    tracing::warn!(table = %shared.table, %error, "cannot connect to vacuum the table");
                     continue;
                 }
             },
@@ -62,7 +72,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             _ = shared.stop.cancelled() => return,
         };
         looks = looks.wrapping_add(1);
-        if purges && looks.is_multiple_of(PURGE_EVERY) && vacuumed.is_ok() {
+        if shared.purge_results && purges && looks.is_multiple_of(PURGE_EVERY) && vacuumed.is_ok() {
             match purge_results(current.client()).await {
                 Ok(purged) if purged > 0 => {
                     tracing::debug!(purged, "purged expired results");
@@ -75,16 +85,16 @@ pub(super) async fn run(shared: Arc<Shared>) {
         match vacuumed {
             Ok(_) => session = Some(current),
             Err(error) => {
-                tracing::warn!(queue = %shared.queue, %error, "vacuuming the queue failed");
+                tracing::warn!(table = %shared.table, %error, "vacuuming the table failed");
             }
         }
     }
 }
 
-/// Vacuums the queue if the extension says it is due; whether it did.
-async fn vacuum_if_due(shared: &Shared, client: &tokio_postgres::Client) -> Result<bool, DbError> {
+/// Vacuums the table if the extension says it is due; whether it did.
+async fn vacuum_if_due(shared: &Upkeep, client: &tokio_postgres::Client) -> Result<bool, DbError> {
     let due: Option<String> = client
-        .query_one(sql::QUEUE_VACUUM_DUE, &[&shared.queue])
+        .query_one(sql::VACUUM_DUE, &[&shared.table])
         .await?
         .try_get(0)?;
     let Some(table) = due else {
@@ -92,7 +102,7 @@ async fn vacuum_if_due(shared: &Shared, client: &tokio_postgres::Client) -> Resu
     };
     let started = std::time::Instant::now();
     client.batch_execute(&sql::vacuum(&table)).await?;
-    tracing::debug!(queue = %shared.queue, took = ?started.elapsed(), "vacuumed the queue");
+    tracing::debug!(table = %shared.table, took = ?started.elapsed(), "vacuumed the table");
     Ok(true)
 }
 
@@ -112,7 +122,7 @@ enum Session {
 }
 
 impl Session {
-    async fn open(shared: &Shared) -> Result<Self, DbError> {
+    async fn open(shared: &Upkeep) -> Result<Self, DbError> {
         match shared.db.config() {
             Some(config) => {
                 let (client, connection) = config.connect(NoTls).await?;
