@@ -114,7 +114,7 @@ async fn purge_results(client: &tokio_postgres::Client) -> Result<i64, DbError> 
         .try_get(0)?)
 }
 
-/// The connection the vacuum runs on: one of its own when the worker has connection settings
+/// The connection the vacuum runs on: one of its own when the port has connection settings
 /// (a long vacuum then holds no pooled connection), else one from the pool.
 enum Session {
     Own(tokio_postgres::Client),

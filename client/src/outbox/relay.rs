@@ -148,8 +148,8 @@ impl<S: Sink> Relay<S> {
 
     /// Whether the relay vacuums the outbox when dead rows pile up (default on), as a worker
     /// vacuums its queue (`docs/operating.md`), on a connection of its own: a relay whose port
-    /// was built from a bare pool (no connection settings) leaves the outbox to autovacuum. Turn it off only where
-    /// something else vacuums the outbox every few seconds.
+    /// was built from a bare pool (no connection settings) leaves the outbox to autovacuum.
+    /// Turn it off only where something else vacuums the outbox every few seconds.
     #[must_use]
     pub fn vacuum(mut self, on: bool) -> Self {
         self.vacuum = on;
