@@ -10,10 +10,10 @@
 #   scripts/citus.sh bench [ARGS]    install, start, benchmark figure 17 (inbox-bench ARGS), stop
 #
 # A user with Citus from its own packages has citus.so already and skips the build. Otherwise
-# it is built from the source tarball INBOX_CITUS_SOURCE (a `git archive` of a Citus release
-# that supports PostgreSQL 15, 13.x), with each file INBOX_CITUS_SOURCE's name minus `.tar.gz`
-# followed by `-*.patch` applied first. The installed library is the cache: a second run, or a
-# second clone, builds nothing.
+# it is built from the source tarball INBOX_CITUS_SOURCE (a release archive of Citus 13.x, which
+# supports PostgreSQL 15), with the fixes in scripts/citus-patches that its version needs on this
+# server applied first. The installed library is the cache: a second run, or a second clone,
+# builds nothing. Without either, scripts/test.sh skips the Citus tests and says so.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source-path=SCRIPTDIR/..
@@ -22,25 +22,18 @@ source scripts/lib.sh
 # The database every node serves, with citus and inbox in it.
 CITUS_DB=inbox_citus
 
-# The library and the extension's control file: an install that was interrupted may have copied
-# the one without the other.
-citus_installed() {
-  [[ -f "$("$PG_CONFIG" --pkglibdir)/citus.so" && -f "$("$PG_CONFIG" --sharedir)/extension/citus.control" ]]
-}
-
 install_citus() {
   if citus_installed; then
     echo "Citus is installed: $("$PG_CONFIG" --pkglibdir)/citus.so"
     return
   fi
   local source=${INBOX_CITUS_SOURCE:-}
-  if [[ -z "$source" || ! -f "$source" ]]; then
-    echo "Citus is not installed and INBOX_CITUS_SOURCE names no source tarball ('$source')" >&2
+  if citus_unavailable >&2; then
     return 1
   fi
   local pkg missing=()
-  # Citus's own libraries, and GSSAPI's headers, which the server's headers include.
-  for pkg in libzstd-dev liblz4-dev libcurl4-openssl-dev libkrb5-dev make; do
+  # Citus's own libraries, GSSAPI's headers (the server's headers include them), make and patch.
+  for pkg in libzstd-dev liblz4-dev libcurl4-openssl-dev libkrb5-dev make patch; do
     dpkg -s "$pkg" 2>/dev/null | grep -qx 'Status: install ok installed' || missing+=("$pkg")
   done
   if ((${#missing[@]})); then
@@ -51,9 +44,15 @@ install_citus() {
   build="$(mktemp -d /tmp/inbox-citus-build.XXXXXX)"
   tar -xzf "$source" -C "$build"
   local top=("$build"/*/)
-  for patch in "${source%.tar.gz}"-*.patch; do
+  # scripts/citus-patches/<source folder>-pgX.Y.patch: a fix the release needs on PostgreSQL X.Y
+  # and later minor releases of X (applied where the server is one of those).
+  local server min
+  server="$("$PG_CONFIG" --version | sed -n 's/^PostgreSQL \([0-9]*\.[0-9]*\).*/\1/p')"
+  for patch in "$REPO_ROOT/scripts/citus-patches/$(basename "${top[0]}")"-pg*.patch; do
     [[ -f "$patch" ]] || continue
-    echo "applying $patch"
+    min="${patch##*-pg}" min="${min%.patch}"
+    [[ "${server%%.*}" == "${min%%.*}" ]] && ((${server#*.} >= ${min#*.})) || continue
+    echo "applying $patch (PostgreSQL $server)"
     patch -d "${top[0]}" -p1 <"$patch"
   done
   echo "building Citus from $source (a few minutes)"

@@ -38,7 +38,7 @@ _stage_close() {
 # timing_table STATUS: ends the current stage (failed unless STATUS is 0) and prints every
 # stage's seconds and the total. Meant for on_exit, so that a failed run shows it too.
 timing_table() {
-  local row secs status name
+  local row secs status name why
   if (($1)); then _stage_close FAILED; else _stage_close ok; fi
   printf '\n%7s  %-6s  %s\n' seconds status stage
   for row in "${_stage_rows[@]}"; do
@@ -46,6 +46,19 @@ timing_table() {
     printf '%7s  %-6s  %s\n' "$secs" "$status" "$name"
   done
   printf '%7s  %-6s  %s\n' "$SECONDS" "" "total"
+  for row in "${_skipped_rows[@]}"; do
+    IFS=$'\t' read -r name why <<<"$row"
+    printf '%7s  %-6s  %s\n' - SKIPPED "$name"
+    printf '                 %s\n' "$why"
+  done
+}
+
+# skip_stage NAME WHY: stage NAME does not run here, for reason WHY (what is missing and how to
+# get it). Said now, and again under the timing table, so that a passing run cannot hide it.
+_skipped_rows=()
+skip_stage() {
+  printf '\n\033[1m==== SKIPPED: %s ====\033[0m\n%s\n' "$1" "$2"
+  _skipped_rows+=("$1	$2")
 }
 
 # Stages run side by side: parallel NAME LOG CMD... starts CMD in the background with its output
@@ -203,6 +216,30 @@ retire_installed_library() {
   if [[ -f "$lib" ]]; then
     mv -f "$lib" "$lib.retired"
   fi
+}
+
+# citus_installed: Citus's library and its extension's control file are both in this PostgreSQL
+# (an install that was interrupted may have copied the one without the other).
+citus_installed() {
+  [[ -f "$("$PG_CONFIG" --pkglibdir)/citus.so" && -f "$("$PG_CONFIG" --sharedir)/extension/citus.control" ]]
+}
+
+# citus_unavailable: prints why the Citus tests cannot run here and how to make them run, and
+# succeeds, when Citus is not installed and INBOX_CITUS_SOURCE names no tarball to build it from;
+# fails (prints nothing) when they can run. Debian does not package Citus.
+citus_unavailable() {
+  citus_installed && return 1
+  local source=${INBOX_CITUS_SOURCE:-}
+  [[ -n "$source" && -f "$source" ]] && return 1
+  if [[ -n "$source" ]]; then
+    echo "Citus is not installed and INBOX_CITUS_SOURCE names no file ('$source')."
+  else
+    echo "Citus is not installed (Debian does not package it) and INBOX_CITUS_SOURCE is not set."
+  fi
+  echo "To run them: install Citus 13 for PostgreSQL 15 (citus.so in $("$PG_CONFIG" --pkglibdir)),"
+  echo "or set INBOX_CITUS_SOURCE to a Citus 13.x source tarball, which scripts/citus.sh builds"
+  echo "and installs (about 6 minutes), e.g. the release archive"
+  echo "https://github.com/citusdata/citus/archive/refs/tags/v13.2.2.tar.gz."
 }
 
 _port_in_use() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -4,8 +4,9 @@
 # against a fresh database with the extension installed and again against one with the SQL-only
 # build (scripts/sql-only-test.sh checks that build first), the upgrade from the previous release,
 # then the fault suite (scripts/faults.sh), the Citus tests (scripts/citus.sh, which builds
-# Citus from the tarball INBOX_CITUS_SOURCE names where it is not installed) and the dashboard in
-# headless Chromium (installed from Debian with its driver).
+# Citus from the tarball INBOX_CITUS_SOURCE names where it is not installed; skipped, and said so
+# under the closing table, where neither is there) and the dashboard in headless Chromium
+# (installed from Debian with its driver).
 #
 #   ./scripts/test.sh [--quick]
 #
@@ -35,6 +36,13 @@ mkdir -p "$logs"
 
 stage "toolchain"
 ensure_toolchain
+((quick)) || ensure_example_runtimes
+
+# Everything the README's scripts run is installed by them, part of Debian, or named in the README.
+if ((!quick)); then
+  stage "what the README's scripts need (scripts/check-readme-needs.py)"
+  python3 scripts/check-readme-needs.py
+fi
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check
@@ -89,9 +97,15 @@ else
     "$logs/clippy-pg-tests.log" clippy_and_pg_tests
 fi
 parallel "the ci build (tests, extension, previous release)" "$logs/build.log" build_ci
+# The Citus tests, where Citus is installed or can be built from INBOX_CITUS_SOURCE (scripts/citus.sh).
+citus=0
 if ((!quick)); then
-  # Built from INBOX_CITUS_SOURCE only where it is missing (scripts/citus.sh).
-  parallel "Citus (scripts/citus.sh install)" "$logs/citus-install.log" ./scripts/citus.sh install
+  if citus_why="$(citus_unavailable)"; then
+    skip_stage "the Citus tests (scripts/citus.sh test)" "$citus_why"
+  else
+    citus=1
+    parallel "Citus (scripts/citus.sh install)" "$logs/citus-install.log" ./scripts/citus.sh install
+  fi
 fi
 wait_parallel
 
@@ -101,7 +115,6 @@ install_extension ci
 stage "PostgreSQL for the tests"
 ensure_postgres
 url="$(fresh_database inbox_test)"
-((quick)) || ensure_example_runtimes
 
 stage "the SQL tour (sql/tour.sql)"
 psql "$url" -X -q -v ON_ERROR_STOP=1 -f sql/tour.sql >/dev/null
@@ -151,8 +164,10 @@ else
     ./scripts/upgrade-test.sh "$INBOX_PG_URL"
   parallel "the fault suite (scripts/faults.sh, docs/reliability.md)" "$logs/faults.log" \
     fault_suite
-  parallel "the Citus tests on a cluster of three nodes (scripts/citus.sh test)" "$logs/citus.log" \
-    ./scripts/citus.sh test
+  if ((citus)); then
+    parallel "the Citus tests on a cluster of three nodes (scripts/citus.sh test)" "$logs/citus.log" \
+      ./scripts/citus.sh test
+  fi
   parallel "the dashboard in a browser (cli/tests/ui/browser.rs)" "$logs/browser.log" \
     dashboard_in_a_browser
   wait_parallel
