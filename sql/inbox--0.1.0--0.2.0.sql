@@ -1048,6 +1048,48 @@ BEGIN
             ON CONFLICT ON CONSTRAINT inbox_queue_controls_pkey
             DO UPDATE SET key_concurrency = excluded.key_concurrency, per_key = excluded.per_key;
     END IF;
+    -- The jobs running now (their leases) count from the start: each that no busy slot names yet
+    -- is given its key's lowest slot that is not busy, up to the limit and past it (those slots
+    -- retire once free, as below), so that a limit set under load is not exceeded by the jobs
+    -- started before it. A slot that a take made and gave meanwhile stays its own.
+    IF n IS NOT NULL THEN
+        EXECUTE pg_catalog.format(
+            'WITH running AS ( '
+            '  SELECT q.id, q.attempt, %2$s AS key, '
+            '         pg_catalog.row_number() OVER (PARTITION BY %2$s ORDER BY q.id) AS nth '
+            '    FROM %1$s q '
+            '   WHERE q.leased_at IS NOT NULL AND q.locked_until OPERATOR(pg_catalog.>) $3 '
+            '     AND q.locked_until OPERATOR(pg_catalog.<) ''infinity''::pg_catalog.timestamptz '
+            '     AND NOT EXISTS (SELECT FROM @extschema@.inbox_queue_slots s '
+            '                      WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind OPERATOR(pg_catalog.=) $4 '
+            '                        AND s.job OPERATOR(pg_catalog.=) q.id '
+            '                        AND s.token OPERATOR(pg_catalog.=) q.attempt)), '
+            'numbers AS ( '
+            '  SELECT r.key, g AS slot, pg_catalog.row_number() OVER (PARTITION BY r.key ORDER BY g) AS nth '
+            '    FROM (SELECT running.key, pg_catalog.count(*)::pg_catalog.int4 AS jobs '
+            '            FROM running GROUP BY running.key) AS r, '
+            '         pg_catalog.generate_series(1, r.jobs OPERATOR(pg_catalog.+) coalesce( '
+            '             (SELECT pg_catalog.max(s.slot) FROM @extschema@.inbox_queue_slots s '
+            '               WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind OPERATOR(pg_catalog.=) $4 '
+            '                 AND s.key OPERATOR(pg_catalog.=) r.key), 0)) AS g '
+            '   WHERE NOT EXISTS (SELECT FROM @extschema@.inbox_queue_slots s '
+            '                      WHERE s.queue OPERATOR(pg_catalog.=) $1 AND s.kind OPERATOR(pg_catalog.=) $4 '
+            '                        AND s.key OPERATOR(pg_catalog.=) r.key AND s.slot OPERATOR(pg_catalog.=) g '
+            '                        AND %3$s)) '
+            'INSERT INTO @extschema@.inbox_queue_slots AS t (queue, kind, key, slot, job, token, started_at) '
+            'SELECT $1, $4, running.key, numbers.slot, running.id, running.attempt, $3 '
+            '  FROM running JOIN numbers ON numbers.key OPERATOR(pg_catalog.=) running.key '
+            '                           AND numbers.nth OPERATOR(pg_catalog.=) running.nth '
+            '    ON CONFLICT ON CONSTRAINT inbox_queue_slots_pkey DO UPDATE '
+            '   SET job = excluded.job, token = excluded.token, started_at = excluded.started_at '
+            ' WHERE NOT %4$s',
+            queue,
+            CASE WHEN per_key IS NULL THEN '''''::pg_catalog.text'
+                 ELSE (@extschema@.inbox__key_sql(queue, per_key)).key END,
+            @extschema@.inbox__slot_busy(queue, 's'),
+            @extschema@.inbox__slot_busy(queue, 't'))
+          USING queue, n, pg_catalog.clock_timestamp(), slot_kind;
+    END IF;
     -- The free slots above the limit go; the busy ones retire (see the head of this file).
     EXECUTE pg_catalog.format(
         'DELETE FROM @extschema@.inbox_queue_slots s WHERE s.queue OPERATOR(pg_catalog.=) $1 '

@@ -620,6 +620,111 @@ async fn lowering_a_limit_starts_nothing_until_the_jobs_above_it_finish() {
     );
 }
 
+/// A limit set while jobs of the queue are running counts them: with one job leased before the
+/// limit, a limit of 3 lets 2 more start, not 3; a limit of 2 set while 5 run starts nothing
+/// until they are down to fewer than 2; a limit of 1 per key set while one job of key `a` runs
+/// starts no second `a` (and one `b`) until that job settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_limit_set_while_jobs_run_counts_them() {
+    let db = TestDb::new().await;
+    let (pg, queue) = setup(&db, 10).await;
+    let client = db.client().await;
+    let early = lease_ids(&client, "inbox_lease('jobs', 1, '1 hour')").await;
+    assert_eq!(early.len(), 1);
+
+    queue.set_concurrency(&pg, Some(3)).await.unwrap();
+    assert_eq!(queue.limits(&pg).await.unwrap().running, Some(1));
+    let more = lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
+    assert_eq!(
+        more.len(),
+        2,
+        "a job leased before the limit was not counted"
+    );
+    assert!(settle(&client, "inbox_ack('jobs', $1, $2)", early[0]).await);
+    assert_eq!(
+        lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+            .await
+            .len(),
+        1,
+        "the early job's settlement gave back its slot"
+    );
+
+    // Five running (3 under the limit, 2 leased after it was removed), then a limit of 2: the
+    // 3 over it must finish before anything starts.
+    queue.set_concurrency(&pg, None).await.unwrap();
+    let extra = lease_ids(&client, "inbox_lease('jobs', 2, '1 hour')").await;
+    assert_eq!(extra.len(), 2);
+    assert!(more.iter().all(|job| !extra.contains(job)));
+    queue.set_concurrency(&pg, Some(2)).await.unwrap();
+    assert_eq!(queue.limits(&pg).await.unwrap().running, Some(5));
+    let held: Vec<(i64, i64)> = client
+        .query(
+            "SELECT id, attempt::int8 FROM jobs WHERE leased_at IS NOT NULL \
+               AND locked_until > now() AND locked_until < 'infinity' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    // As they settle, one by one, nothing starts while 2 or more run (the slots above the
+    // limit retire once free, as when a limit is lowered); once all have, 2 run.
+    let running_now = "SELECT count(*) FROM jobs WHERE leased_at IS NOT NULL \
+                         AND locked_until > now() AND locked_until < 'infinity'";
+    assert_eq!(count(&db, running_now).await, 5);
+    for job in &held {
+        let before = count(&db, running_now).await;
+        let started = lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
+        assert!(
+            started.is_empty() || before + (started.len() as i64) <= 2,
+            "{} started while {before} ran under a limit of 2",
+            started.len()
+        );
+        assert!(settle(&client, "inbox_ack('jobs', $1, $2)", *job).await);
+    }
+    lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
+    assert_eq!(count(&db, running_now).await, 2);
+
+    // Per key: one `a` running before a limit of 1 per customer.
+    let db = TestDb::new().await;
+    let (pg, queue) = setup_keys(&db, 0, 0).await;
+    let payloads: Vec<serde_json::Value> = ["a", "a", "b"]
+        .iter()
+        .map(|customer| serde_json::json!({ "customer": customer }))
+        .collect();
+    queue.enqueue_batch(&pg, &payloads).await.unwrap();
+    let client = db.client().await;
+    let first_a = lease_ids(&client, "inbox_lease('jobs', 1, '1 hour')").await;
+    assert_eq!(first_a.len(), 1);
+    queue
+        .set_concurrency_per_key(&pg, "customer", Some(1))
+        .await
+        .unwrap();
+    let limits = queue.limits(&pg).await.unwrap();
+    assert_eq!(limits.keys_running, Some(1));
+    let next = lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
+    let customers: Vec<String> = client
+        .query(
+            "SELECT payload->>'customer' FROM jobs WHERE id = ANY($1) ORDER BY 1",
+            &[&next.iter().map(|(id, _)| *id).collect::<Vec<i64>>()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(customers, ["b"], "a second `a` started beside the first");
+    assert!(settle(&client, "inbox_ack('jobs', $1, $2)", first_a[0]).await);
+    assert_eq!(
+        lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')")
+            .await
+            .len(),
+        1,
+        "the second `a` starts once the first has settled"
+    );
+}
+
 /// Limits out of range and tables that cannot have them are refused with their SQLSTATE, and
 /// change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
