@@ -181,7 +181,9 @@ ensure_toolchain() {
     apt_install "${missing[@]}"
   fi
   if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
-    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+    # A build tool whose speed no step waits on: optimised lightly, it builds in about half the
+    # time of the release profile (the longest step of a first demo).
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=1 cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
   fi
   if ! grep -qs '^pg15 *=' "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
     cargo pgrx init --pg15 "$PG_CONFIG"
