@@ -47,9 +47,9 @@ timing_table() {
   done
   printf '%7s  %-6s  %s\n' "$SECONDS" "" "total"
   for row in "${_skipped_rows[@]}"; do
-    IFS=$'\t' read -r name why <<<"$row"
+    name=${row%%$'\t'*} why=${row#*$'\t'}
     printf '%7s  %-6s  %s\n' - SKIPPED "$name"
-    printf '                 %s\n' "$why"
+    printf '                 %s\n' "${why//$'\n'/$'\n'                 }"
   done
 }
 
