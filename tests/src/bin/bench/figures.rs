@@ -469,112 +469,269 @@ async fn produce(ctx: &Ctx, sql: &str, count: usize, samples: &Samples) -> Resul
     Ok(samples.latencies(&returned))
 }
 
-/// The project's side of figure 5: an idle transactional worker (lease), woken by NOTIFY.
-async fn latency_inbox(ctx: &Ctx, connections: usize, count: usize) -> Result<Vec<Latency>> {
+/// The project's side of figure 5, started: an idle transactional worker (lease) of `workers`
+/// slots, woken by NOTIFY, whose handler records its start, writes its row and then takes
+/// `handler` (if any).
+async fn start_inbox_side(
+    ctx: &Ctx,
+    workers: usize,
+    handler: Option<Duration>,
+) -> Result<(WorkerHandle, Samples)> {
     let admin = ctx.connect().await?;
     truncate(&admin, &[Q_INBOX, DONE_INBOX]).await?;
     let samples = Samples::default();
     let record = samples.clone();
-    let handler = transactional(move |job: Job<Payload>, tx: &dyn Database| {
+    let run = transactional(move |job: Job<Payload>, tx: &dyn Database| {
         record.record(&job.payload);
         Box::pin(async move {
             tx.execute(&Statement::new(INSERT_DONE).bind(job.payload.n))
                 .await?;
+            if let Some(time) = handler {
+                tokio::time::sleep(time).await;
+            }
             Ok(Outcome::ack())
         })
     });
-    let handle = Worker::transactional(ctx.database(connections + 4)?, Q_INBOX, handler)
-        .workers(connections)
+    let handle = Worker::transactional(ctx.database(workers + 4)?, Q_INBOX, run)
+        .workers(workers)
         .start();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let sql = format!("SELECT inbox_enqueue('{Q_INBOX}'::regclass, $1::jsonb)");
-    let latencies = produce(ctx, &sql, count, &samples).await?;
+    Ok((handle, samples))
+}
+
+/// The SQL of figure 5's enqueues on the project's side (`$1` the payload).
+fn inbox_enqueue_sql() -> String {
+    format!("SELECT inbox_enqueue('{Q_INBOX}'::regclass, $1::jsonb)")
+}
+
+/// The project's side of figure 5: enqueues paced 4 to 8 ms apart.
+async fn latency_inbox(ctx: &Ctx, connections: usize, count: usize) -> Result<Vec<Latency>> {
+    let (handle, samples) = start_inbox_side(ctx, connections, None).await?;
+    let latencies = produce(ctx, &inbox_enqueue_sql(), count, &samples).await;
     handle.shutdown(SHUTDOWN).await;
-    Ok(latencies)
+    latencies
 }
 
 /// The raw side of figure 5: the same loop by hand. A LISTEN connection wakes one idle consumer
 /// per notification; a consumer leases with raw SQL until it finds nothing, running each job as
-/// the worker does (insert and delete in one transaction), then waits (polling every 500 ms).
-async fn latency_raw(ctx: &Ctx, connections: usize, count: usize) -> Result<Vec<Latency>> {
-    let admin = ctx.connect().await?;
-    truncate(&admin, &[Q_RAW, DONE_RAW]).await?;
-    let samples = Samples::default();
-    let wake = Arc::new(Notify::new());
-    let stop = Arc::new(AtomicBool::new(false));
-    let (listener, mut connection) = ctx.config.connect(tokio_postgres::NoTls).await?;
-    let notified = wake.clone();
-    let driver = tokio::spawn(async move {
-        let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = messages.next().await {
-            if let AsyncMessage::Notification(_) = message {
-                notified.notify_one();
+/// the worker does (insert, the handler's time if any, and delete in one transaction), then waits
+/// (polling every 500 ms).
+struct RawSide {
+    samples: Samples,
+    wake: Arc<Notify>,
+    stop: Arc<AtomicBool>,
+    consumers: tokio::task::JoinSet<Result<()>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl RawSide {
+    /// The SQL of its enqueues (`$1` the payload).
+    fn enqueue_sql() -> String {
+        format!(
+            "WITH job AS (INSERT INTO {Q_RAW} (payload) VALUES ($1) RETURNING id) \
+             SELECT id, pg_notify('{Q_RAW}', '') FROM job"
+        )
+    }
+
+    async fn start(ctx: &Ctx, connections: usize, handler: Option<Duration>) -> Result<Self> {
+        let admin = ctx.connect().await?;
+        truncate(&admin, &[Q_RAW, DONE_RAW]).await?;
+        let samples = Samples::default();
+        let wake = Arc::new(Notify::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (listener, mut connection) = ctx.config.connect(tokio_postgres::NoTls).await?;
+        let notified = wake.clone();
+        let driver = tokio::spawn(async move {
+            let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notification(_) = message {
+                    notified.notify_one();
+                }
             }
-        }
-    });
-    listener.batch_execute(&format!("LISTEN {Q_RAW}")).await?;
-    let mut consumers = tokio::task::JoinSet::new();
-    for _ in 0..connections {
-        let client = ctx.connect().await?;
-        let take = client
-            .prepare(&format!(
-                "UPDATE {Q_RAW} SET attempt = attempt + 1, \
-                 locked_until = now() + interval '30 seconds', leased_at = now() \
-                 WHERE id = (SELECT id FROM {Q_RAW} WHERE {DUE_IN_INDEX_ORDER} \
-                 LIMIT 1 FOR UPDATE SKIP LOCKED) \
-                 RETURNING id, attempt::int8, payload"
-            ))
-            .await?;
-        let insert = client
-            .prepare(&format!("INSERT INTO {DONE_RAW} (n) VALUES ($1)"))
-            .await?;
-        let ack = client
-            .prepare(&format!(
-                "DELETE FROM {Q_RAW} WHERE id = $1 AND attempt = $2::int8 AND locked_until <> 'infinity'"
-            ))
-            .await?;
-        let (wake, stop, record) = (wake.clone(), stop.clone(), samples.clone());
-        let mut client = client;
-        consumers.spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let Some(row) = client.query_opt(&take, &[]).await? else {
-                    tokio::select! {
-                        _ = wake.notified() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        });
+        listener.batch_execute(&format!("LISTEN {Q_RAW}")).await?;
+        let mut consumers = tokio::task::JoinSet::new();
+        for _ in 0..connections {
+            let client = ctx.connect().await?;
+            let take = client
+                .prepare(&format!(
+                    "UPDATE {Q_RAW} SET attempt = attempt + 1, \
+                     locked_until = now() + interval '30 seconds', leased_at = now() \
+                     WHERE id = (SELECT id FROM {Q_RAW} WHERE {DUE_IN_INDEX_ORDER} \
+                     LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                     RETURNING id, attempt::int8, payload"
+                ))
+                .await?;
+            let insert = client
+                .prepare(&format!("INSERT INTO {DONE_RAW} (n) VALUES ($1)"))
+                .await?;
+            let ack = client
+                .prepare(&format!(
+                    "DELETE FROM {Q_RAW} WHERE id = $1 AND attempt = $2::int8 AND locked_until <> 'infinity'"
+                ))
+                .await?;
+            let (wake, stop, record) = (wake.clone(), stop.clone(), samples.clone());
+            let mut client = client;
+            consumers.spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(row) = client.query_opt(&take, &[]).await? else {
+                        tokio::select! {
+                            _ = wake.notified() => {}
+                            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                        }
+                        continue;
+                    };
+                    wake.notify_one();
+                    let (id, token): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+                    let payload: serde_json::Value = row.try_get(2)?;
+                    let payload: Payload = serde_json::from_value(payload)?;
+                    let tx = client.transaction().await?;
+                    record.record(&payload);
+                    tx.execute(&insert, &[&payload.n]).await?;
+                    if let Some(time) = handler {
+                        tokio::time::sleep(time).await;
                     }
-                    continue;
-                };
-                wake.notify_one();
-                let (id, token): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
-                let payload: serde_json::Value = row.try_get(2)?;
-                let payload: Payload = serde_json::from_value(payload)?;
-                let tx = client.transaction().await?;
-                record.record(&payload);
-                tx.execute(&insert, &[&payload.n]).await?;
-                tx.execute(&ack, &[&id, &token]).await?;
-                tx.commit().await?;
+                    tx.execute(&ack, &[&id, &token]).await?;
+                    tx.commit().await?;
+                }
+                Result::Ok(())
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(Self {
+            samples,
+            wake,
+            stop,
+            consumers,
+            driver,
+        })
+    }
+
+    async fn stop(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        for _ in 0..self.consumers.len() {
+            self.wake.notify_one();
+        }
+        while let Some(result) = self.consumers.join_next().await {
+            result??;
+        }
+        self.driver.abort();
+        Ok(())
+    }
+}
+
+async fn latency_raw(ctx: &Ctx, connections: usize, count: usize) -> Result<Vec<Latency>> {
+    let raw = RawSide::start(ctx, connections, None).await?;
+    let latencies = produce(ctx, &RawSide::enqueue_sql(), count, &raw.samples).await;
+    raw.stop().await?;
+    latencies
+}
+
+/// The workers and the handler's time of figure 5's open-loop rows: many slots, short handlers,
+/// as a service runs them.
+const OPEN_LOOP_WORKERS: usize = 32;
+const OPEN_LOOP_HANDLER: Duration = Duration::from_millis(1);
+
+/// Enqueues `count` jobs with `sql` (`$1` the payload) at `rate` a second, from as many
+/// connections as that takes (an enqueue commits on its own), each job sent at its time on one
+/// schedule (or at once when its connection is late), stamped just before its call; waits for
+/// `samples` to fill. Returns the latencies and the rate the enqueues reached.
+async fn produce_at(
+    ctx: &Ctx,
+    sql: &str,
+    rate: usize,
+    count: usize,
+    samples: &Samples,
+) -> Result<(Vec<Latency>, f64)> {
+    let producers = (rate / 500).clamp(1, 16);
+    let returned: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
+    let began = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for first in 0..producers {
+        let client = ctx.connect().await?;
+        let statement = client.prepare(sql).await?;
+        let returned = returned.clone();
+        tasks.spawn(async move {
+            for n in (first..count).step_by(producers) {
+                let due = began + Duration::from_secs_f64(n as f64 / rate as f64);
+                tokio::time::sleep_until(due.into()).await;
+                let payload = json!({ "n": n, "t": micros() });
+                client.query(&statement, &[&payload]).await?;
+                returned[n].store(micros(), Ordering::Relaxed);
             }
             Result::Ok(())
         });
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let sql = format!(
-        "WITH job AS (INSERT INTO {Q_RAW} (payload) VALUES ($1) RETURNING id) \
-         SELECT id, pg_notify('{Q_RAW}', '') FROM job"
-    );
-    let latencies = produce(ctx, &sql, count, &samples).await?;
-    stop.store(true, Ordering::Relaxed);
-    for _ in 0..connections {
-        wake.notify_one();
-    }
-    while let Some(result) = consumers.join_next().await {
+    while let Some(result) = tasks.join_next().await {
         result??;
     }
-    driver.abort();
-    Ok(latencies)
+    let reached = count as f64 / began.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while samples.len() < count && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let returned: Vec<u64> = returned.iter().map(|t| t.load(Ordering::Relaxed)).collect();
+    Ok((samples.latencies(&returned), reached))
 }
 
-/// Figure 5: Latency from enqueue to handler start, p50 and p99, idle workers woken by NOTIFY.
+/// The project's side of figure 5's open loop: the default transactional worker.
+async fn open_loop_inbox(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<Latency>, f64)> {
+    let (handle, samples) =
+        start_inbox_side(ctx, OPEN_LOOP_WORKERS, Some(OPEN_LOOP_HANDLER)).await?;
+    let measured = produce_at(ctx, &inbox_enqueue_sql(), rate, count, &samples).await;
+    handle.shutdown(SHUTDOWN).await;
+    measured
+}
+
+/// The raw side of figure 5's open loop: as many connections as the worker has slots.
+async fn open_loop_raw(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<Latency>, f64)> {
+    let raw = RawSide::start(ctx, OPEN_LOOP_WORKERS, Some(OPEN_LOOP_HANDLER)).await?;
+    let measured = produce_at(ctx, &RawSide::enqueue_sql(), rate, count, &raw.samples).await;
+    raw.stop().await?;
+    measured
+}
+
+/// Figure 5's open loop: jobs offered at a fixed rate to 32 slots whose handlers take 1 ms,
+/// p50 and p99 from enqueue to handler start, against the raw loop at the same rate.
+async fn open_loop_latency(ctx: &Ctx, rows: &mut Vec<Row>) -> Result<()> {
+    for rate in [1_000, 10_000] {
+        // Seconds of offered load: a few thousand samples at each rate.
+        let count = if ctx.opts.quick { rate } else { rate * 5 };
+        let (ours, ours_rate) = retrying(|| open_loop_inbox(ctx, rate, count)).await?;
+        let (theirs, theirs_rate) = retrying(|| open_loop_raw(ctx, rate, count)).await?;
+        let sorted = |samples: &[Latency]| {
+            let mut values: Vec<f64> = samples.iter().map(|l| l.total).collect();
+            values.sort_by(f64::total_cmp);
+            values
+        };
+        let (ours_sorted, theirs_sorted) = (sorted(&ours), sorted(&theirs));
+        let note = format!(
+            "{} and {} samples; enqueued at {ours_rate:.0} and {theirs_rate:.0} jobs/s",
+            ours.len(),
+            theirs.len()
+        );
+        for (p, target) in [(50.0, Target::None), (99.0, Target::InboxBelow(10.0))] {
+            let values = (
+                Some(percentile(&ours_sorted, p)),
+                Some(percentile(&theirs_sorted, p)),
+            );
+            let name = format!("5. enqueue->handler p{p}, {rate} jobs/s offered, 1 ms handlers");
+            let row = Row::new(5, name, Some(OPEN_LOOP_WORKERS), values, "ms", target);
+            push(
+                rows,
+                if p > 50.0 {
+                    row.note(note.clone())
+                } else {
+                    row
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Figure 5: Latency from enqueue to handler start, p50 and p99, idle workers woken by NOTIFY;
+/// then the same at a fixed offered rate with 32 slots and 1 ms handlers.
 pub async fn latency(ctx: &Ctx) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     let rounds = if ctx.opts.quick { 1 } else { 2 };
@@ -628,6 +785,7 @@ pub async fn latency(ctx: &Ctx) -> Result<Vec<Row>> {
             );
         }
     }
+    open_loop_latency(ctx, &mut rows).await?;
     Ok(rows)
 }
 
