@@ -29,8 +29,11 @@
 //! group. By default the groups adapt to the handlers: a slot starts with one job and doubles
 //! while its groups finish within [`group_time`](Worker::group_time) (20 ms), up to
 //! [`ADAPTIVE_GROUP_MAX`] (64), and takes fewer when deliveries are slow; a lone job runs and
-//! commits at once. [`group_size`](Worker::group_size) fixes the size instead (1: a commit per
-//! job).
+//! commits at once. While other slots of the worker are idle, a slot takes only its share of a
+//! group with them (half with one idle, one job with many) and wakes one of them when it got all
+//! it asked for, so that at light load a job does not wait behind another job's handler while a
+//! slot sleeps; under load no slot idles and the groups are whole.
+//! [`group_size`](Worker::group_size) fixes the size instead (1: a commit per job).
 //!
 //! A delivery that fails (an error, a panic, or an outcome other than ack) must be undone alone.
 //! Each delivery runs inside a savepoint, opened in the round trip of the handler's first
@@ -76,7 +79,7 @@ mod transactional;
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -273,6 +276,9 @@ struct Shared {
     wake: Notify,
     /// Tells the LISTEN session that a task found nothing to do (it registers as asleep).
     idle_slot: Notify,
+    /// Tasks waiting in [`Shared::idle`] now: while some wait, a slot takes only its share of a
+    /// group ([`Shared::share`]).
+    idling: AtomicUsize,
     stop: CancellationToken,
     /// Leased jobs being worked on (id → token, and what tells their handler the lease is lost):
     /// what the heartbeat extends, and what a shutdown releases if their handlers had to be
@@ -290,6 +296,15 @@ struct Shared {
     /// roll back): a slot that takes one in the moment its lock is released settles it as it
     /// failed, rather than run the attempt again.
     lock_failures: Mutex<HashMap<i64, LockFailure>>,
+}
+
+/// Counts a task out of [`Shared::idling`] when its wait ends.
+struct Idling<'a>(&'a AtomicUsize);
+
+impl Drop for Idling<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A failed delivery of a locked job, remembered until its settlement commits.
@@ -379,6 +394,9 @@ impl Shared {
     /// notifying enqueues serialise their commits on `NOTIFY`'s lock (figure 10). A job enqueued
     /// during the doze waits for its end, a few milliseconds.
     async fn idle(&self, dozed: bool) {
+        self.idling.fetch_add(1, Ordering::Relaxed);
+        // Counted out however the wait ends, also when the caller drops it (plain.rs selects).
+        let _counted = Idling(&self.idling);
         let wait = if dozed {
             self.idle_slot.notify_one();
             self.settings.poll_interval
@@ -389,6 +407,22 @@ impl Shared {
             _ = self.wake.notified() => {}
             _ = tokio::time::sleep(wait) => {}
             _ = self.stop.cancelled() => {}
+        }
+    }
+
+    /// How many jobs a slot whose group is `size` takes now: all of it while no other task is
+    /// idle, otherwise its share with the idle ones (at least one), so that at light load no job
+    /// waits behind another job's handler while a slot sleeps. Under load no slot idles and the
+    /// groups are whole.
+    fn share(&self, size: usize) -> usize {
+        size.div_ceil(self.idling.load(Ordering::Relaxed) + 1)
+    }
+
+    /// After a take of `asked` jobs that got `got`: when it got all it asked for (there may be
+    /// more) and a task is idle, wakes one to look now rather than after this group.
+    fn took(&self, asked: usize, got: usize) {
+        if got >= asked && self.idling.load(Ordering::Relaxed) > 0 {
+            self.wake.notify_one();
         }
     }
 
@@ -682,6 +716,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             counters: Counters::default(),
             wake: Notify::new(),
             idle_slot: Notify::new(),
+            idling: AtomicUsize::new(0),
             stop: CancellationToken::new(),
             in_flight: Mutex::new(HashMap::new()),
             progress: job::ProgressNotes::default(),

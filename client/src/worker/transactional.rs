@@ -94,7 +94,8 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
             },
         };
         let jobs = if next.is_empty() {
-            match take_first(&shared, &mut conn, size.current).await {
+            let asked = size.asked(&shared);
+            match take_first(&shared, &mut conn, asked).await {
                 Ok(jobs) if jobs.is_empty() => {
                     connection = Some(conn);
                     shared.idle(dozed).await;
@@ -104,6 +105,7 @@ pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
                 Ok(jobs) => {
                     dozed = false;
                     shared.found_work();
+                    shared.took(asked, jobs.len());
                     jobs
                 }
                 Err(error) => {
@@ -452,6 +454,16 @@ impl GroupSize {
                 adaptive: true,
                 savepoints_until: None,
             },
+        }
+    }
+
+    /// How many jobs to take now: the group's size, or with adaptive groups its share while
+    /// other slots are idle ([`Shared::share`]); a size set by `group_size` is kept as set.
+    fn asked(&self, shared: &Shared) -> usize {
+        if self.adaptive {
+            shared.share(self.current)
+        } else {
+            self.current
         }
     }
 
@@ -1024,6 +1036,7 @@ impl Group {
         // Above READ COMMITTED the next lease is not taken in this transaction, against its old
         // snapshot: it commits on its own, before the next group's transaction begins.
         let apart = stopping || shared.settings.isolation.snapshot_per_transaction();
+        let asked = size.asked(shared);
         let client = conn.client();
         let params: [&Param; 3] = [&shared.queue, &ids, &tokens];
         let ack = conn.query(Call::AckAll, &params);
@@ -1041,7 +1054,7 @@ impl Group {
                     let (acked, next, committed) = within(bound, async {
                         tokio::join!(
                             ack,
-                            take_query(shared, conn, size.current),
+                            take_query(shared, conn, asked),
                             client.batch_execute(&conn.begins.commit_begin)
                         )
                     })
@@ -1060,7 +1073,7 @@ impl Group {
                         tokio::join!(
                             ack,
                             client.batch_execute(&conn.begins.commit_begin),
-                            take_query(shared, conn, size.current)
+                            take_query(shared, conn, asked)
                         )
                     })
                     .await?;
@@ -1083,6 +1096,7 @@ impl Group {
         hold_leased(shared, &next);
         if !next.is_empty() {
             shared.found_work();
+            shared.took(asked, next.len());
         }
         if next.is_empty() && conn.in_transaction {
             within(bound, conn.client().batch_execute(sql::ROLLBACK)).await??;

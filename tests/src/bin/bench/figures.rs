@@ -517,6 +517,8 @@ async fn latency_inbox(ctx: &Ctx, connections: usize, count: usize) -> Result<Ve
 /// the worker does (insert, the handler's time if any, and delete in one transaction), then waits
 /// (polling every 500 ms).
 struct RawSide {
+    /// The LISTEN connection's client: dropping it would close the connection.
+    _listener: tokio_postgres::Client,
     samples: Samples,
     wake: Arc<Notify>,
     stop: Arc<AtomicBool>,
@@ -599,6 +601,7 @@ impl RawSide {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         Ok(Self {
+            _listener: listener,
             samples,
             wake,
             stop,
@@ -632,10 +635,11 @@ async fn latency_raw(ctx: &Ctx, connections: usize, count: usize) -> Result<Vec<
 const OPEN_LOOP_WORKERS: usize = 32;
 const OPEN_LOOP_HANDLER: Duration = Duration::from_millis(1);
 
-/// Enqueues `count` jobs with `sql` (`$1` the payload) at `rate` a second, from as many
-/// connections as that takes (an enqueue commits on its own), each job sent at its time on one
-/// schedule (or at once when its connection is late), stamped just before its call; waits for
-/// `samples` to fill. Returns the latencies and the rate the enqueues reached.
+/// Enqueues `count` jobs with `sql` (`$1` the payloads, `jsonb[]`) at `rate` a second, in calls
+/// of `rate / 1,000` jobs (one job a call up to 1,000 a second; an enqueue commits on its own),
+/// from four connections on one schedule, each call sent at its time (or at once when its
+/// connection is late) and its jobs stamped just before it; waits for `samples` to fill. Returns
+/// the latencies and the rate the enqueues reached.
 async fn produce_at(
     ctx: &Ctx,
     sql: &str,
@@ -643,21 +647,29 @@ async fn produce_at(
     count: usize,
     samples: &Samples,
 ) -> Result<(Vec<Latency>, f64)> {
-    let producers = (rate / 500).clamp(1, 16);
+    const PRODUCERS: usize = 4;
+    let per_call = (rate / 1_000).max(1);
+    let calls = count.div_ceil(per_call);
     let returned: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
     let began = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for first in 0..producers {
+    for first in 0..PRODUCERS {
         let client = ctx.connect().await?;
         let statement = client.prepare(sql).await?;
         let returned = returned.clone();
         tasks.spawn(async move {
-            for n in (first..count).step_by(producers) {
-                let due = began + Duration::from_secs_f64(n as f64 / rate as f64);
+            for call in (first..calls).step_by(PRODUCERS) {
+                let jobs = call * per_call..((call + 1) * per_call).min(count);
+                let due = began + Duration::from_secs_f64(jobs.start as f64 / rate as f64);
                 tokio::time::sleep_until(due.into()).await;
-                let payload = json!({ "n": n, "t": micros() });
-                client.query(&statement, &[&payload]).await?;
-                returned[n].store(micros(), Ordering::Relaxed);
+                let sent = micros();
+                let payloads: Vec<serde_json::Value> =
+                    jobs.clone().map(|n| json!({ "n": n, "t": sent })).collect();
+                client.query(&statement, &[&payloads]).await?;
+                let back = micros();
+                for n in jobs {
+                    returned[n].store(back, Ordering::Relaxed);
+                }
             }
             Result::Ok(())
         });
@@ -678,7 +690,9 @@ async fn produce_at(
 async fn open_loop_inbox(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<Latency>, f64)> {
     let (handle, samples) =
         start_inbox_side(ctx, OPEN_LOOP_WORKERS, Some(OPEN_LOOP_HANDLER)).await?;
-    let measured = produce_at(ctx, &inbox_enqueue_sql(), rate, count, &samples).await;
+    let sql =
+        format!("SELECT count(*) FROM inbox_enqueue_batch('{Q_INBOX}'::regclass, $1::jsonb[])");
+    let measured = produce_at(ctx, &sql, rate, count, &samples).await;
     handle.shutdown(SHUTDOWN).await;
     measured
 }
@@ -686,7 +700,11 @@ async fn open_loop_inbox(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<La
 /// The raw side of figure 5's open loop: as many connections as the worker has slots.
 async fn open_loop_raw(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<Latency>, f64)> {
     let raw = RawSide::start(ctx, OPEN_LOOP_WORKERS, Some(OPEN_LOOP_HANDLER)).await?;
-    let measured = produce_at(ctx, &RawSide::enqueue_sql(), rate, count, &raw.samples).await;
+    let sql = format!(
+        "WITH jobs AS (INSERT INTO {Q_RAW} (payload) SELECT unnest($1::jsonb[]) RETURNING id) \
+         SELECT (SELECT count(*) FROM jobs), pg_notify('{Q_RAW}', '')"
+    );
+    let measured = produce_at(ctx, &sql, rate, count, &raw.samples).await;
     raw.stop().await?;
     measured
 }
