@@ -191,12 +191,9 @@ def installed_packages_named(text):
 
 
 def inputs_of(text):
-    """INBOX_* variables a script reads from its caller: expanded with a default or a check
-    (${X:-...}, ${X:?...}, [[ -n ${X:-} ]]) and never assigned by the script itself first."""
-    read = set(re.findall(r"\$\{(INBOX_[A-Z0-9_]+)(?::?[-?])", text))
-    read |= set(re.findall(r"\$\{?(INBOX_[A-Z0-9_]+)", text)) - set(
-        re.findall(r"(?:export\s+|\b)(INBOX_[A-Z0-9_]+)=", text))
-    return read
+    """INBOX_* variables a script reads ($X or ${X...}); those some script sets are taken out
+    by the caller, and the rest come from the script's caller."""
+    return set(re.findall(r"\$\{?(INBOX_[A-Z0-9_]+)", text))
 
 
 def package_of(command):
@@ -275,7 +272,7 @@ def main():
         name = os.path.relpath(path, REPO)
         for command in sorted(commands_of_bash(text)):
             if command in BASH_WORDS or command in functions or command in PREREQUISITES \
-                    or command in scripts or command in installed or command == "as_postgres":
+                    or command in scripts or command in installed:
                 continue
             if alternative_of_base_package(command):
                 continue

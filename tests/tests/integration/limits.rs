@@ -657,22 +657,18 @@ async fn a_limit_set_while_jobs_run_counts_them() {
     assert!(more.iter().all(|job| !extra.contains(job)));
     queue.set_concurrency(&pg, Some(2)).await.unwrap();
     assert_eq!(queue.limits(&pg).await.unwrap().running, Some(5));
-    let held: Vec<(i64, i64)> = client
-        .query(
-            "SELECT id, attempt::int8 FROM jobs WHERE leased_at IS NOT NULL \
-               AND locked_until > now() AND locked_until < 'infinity' ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
     // As they settle, one by one, nothing starts while 2 or more run (the slots above the
     // limit retire once free, as when a limit is lowered); once all have, 2 run.
+    // The jobs running, with the tokens of their leases.
+    let held = lease_ids(
+        &client,
+        "(SELECT id, attempt::int8 AS token FROM jobs WHERE leased_at IS NOT NULL \
+            AND locked_until > now() AND locked_until < 'infinity') AS held ORDER BY id",
+    )
+    .await;
     let running_now = "SELECT count(*) FROM jobs WHERE leased_at IS NOT NULL \
                          AND locked_until > now() AND locked_until < 'infinity'";
-    assert_eq!(count(&db, running_now).await, 5);
+    assert_eq!(held.len(), 5);
     for job in &held {
         let before = count(&db, running_now).await;
         let started = lease_ids(&client, "inbox_lease('jobs', 10, '1 hour')").await;
