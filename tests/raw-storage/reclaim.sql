@@ -1,11 +1,12 @@
--- Reclaims segment :g if every entry in it is closed: under an ACCESS EXCLUSIVE lock that it
--- waits at most 20 ms for (a reader holding the segment makes it try again later), so that no
--- lease, ack or insert can touch the segment between the check and the TRUNCATE. One
--- transaction per segment: a lock on a segment it keeps would stop that segment's leases.
+-- Reclaims segment :g if it is not the open one and every entry in it is closed. Its lock is
+-- taken with NOWAIT: a transaction that holds the segment (a lease still in it, a reader) makes
+-- the reclaim try again later, and no ACCESS EXCLUSIVE request ever queues in front of the job
+-- path. Under that lock no lease, ack or insert can touch the segment between the check and the
+-- TRUNCATE.
 BEGIN;
-SET LOCAL lock_timeout = '20ms';
-LOCK ready_:g, claims_:g, closes_:g IN ACCESS EXCLUSIVE MODE;
-SELECT EXISTS (SELECT FROM ready_:g)
+LOCK ready_:g, claims_:g, closes_:g IN ACCESS EXCLUSIVE MODE NOWAIT;
+SELECT :g <> open_segment()
+       AND EXISTS (SELECT FROM ready_:g)
        AND NOT EXISTS (SELECT FROM ready_:g r WHERE NOT EXISTS (
                            SELECT FROM closes_:g c WHERE c.job = r.job AND c.token = 1)) AS done \gset
 \if :done

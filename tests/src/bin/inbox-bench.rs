@@ -3,7 +3,8 @@
 //! `docs/benchmarks.md` for what each figure measures.
 //!
 //! ```text
-//! inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] [--rounds N] [--duration-ms N] [--docs]
+//! inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] [--rounds N] [--duration-ms N]
+//!             [--holds 120,600] [--docs]
 //! inbox-bench docs [JSON]               make a results file (default: the latest) the docs' own
 //! inbox-bench child-worker inbox|raw S   (figure 7's child process)
 //! inbox-bench child-burndown FORM SIDE N (figure 8's child process)
@@ -26,6 +27,8 @@ mod failures;
 mod figures;
 #[path = "bench/groups.rs"]
 mod groups;
+#[path = "bench/held.rs"]
+mod held;
 #[path = "bench/limits.rs"]
 mod limits;
 #[path = "bench/measure.rs"]
@@ -51,7 +54,7 @@ use measure::Row;
 use setup::{Ctx, Opts, Result, Side};
 
 const USAGE: &str = "usage: inbox-bench [--quick] [--figures 1,3] [--connections 1,4,16] \
-                     [--rounds N] [--duration-ms N] [--docs]\n       \
+                     [--rounds N] [--duration-ms N] [--holds 120,600] [--docs]\n       \
                      inbox-bench docs [JSON]\n       \
                      inbox-bench child-worker inbox|raw SECONDS\n       \
                      inbox-bench child-burndown default|groupN|plain inbox|raw JOBS";
@@ -91,6 +94,7 @@ fn parse(args: &[String]) -> Result<(Opts, bool)> {
             "--connections" => opts.connections = list(value()?)?,
             "--rounds" => opts.rounds = value()?.parse()?,
             "--duration-ms" => opts.duration = Duration::from_millis(value()?.parse()?),
+            "--holds" => opts.holds = list(value()?)?,
             _ => return Err(format!("unknown argument {arg}\n{USAGE}").into()),
         }
     }
@@ -145,7 +149,7 @@ async fn run(args: &[String]) -> Result<()> {
             9 => groups::groups(&ctx).await?,
             10 => upkeep::wakeups(&ctx).await?,
             11 => upkeep::bloat(&ctx).await?,
-            12 => upkeep::held_snapshot(&ctx).await?,
+            12 => held::held_snapshot(&ctx).await?,
             13 => outbox::outbox(&ctx).await?,
             14 => limits::limits(&ctx).await?,
             15 => failures::failures(&ctx).await?,

@@ -408,18 +408,18 @@ pub async fn worker(ctx: &Ctx) -> Result<Vec<Row>> {
 /// One job of figure 5, in ms: enqueue call to handler start (the figure), and its two parts:
 /// the enqueue call (its commit), and from the call's return to the handler's start.
 #[derive(Clone, Copy, Debug)]
-struct Latency {
-    total: f64,
+pub struct Latency {
+    pub total: f64,
     commit: f64,
     after: f64,
 }
 
 /// Handler starts of figure 5's jobs: (n, stamped before the enqueue, handler start), in µs.
 #[derive(Clone, Default)]
-struct Samples(Arc<Mutex<Vec<(i64, u64, u64)>>>);
+pub struct Samples(Arc<Mutex<Vec<(i64, u64, u64)>>>);
 
 impl Samples {
-    fn record(&self, payload: &Payload) {
+    pub fn record(&self, payload: &Payload) {
         if let (Some(sent), Ok(mut samples)) = (payload.t, self.0.lock()) {
             samples.push((payload.n, sent, micros()));
         }
@@ -427,6 +427,17 @@ impl Samples {
 
     fn len(&self) -> usize {
         self.0.lock().map_or(0, |s| s.len())
+    }
+
+    /// Takes the samples recorded so far: how many, and each one's enqueue-to-handler time in
+    /// ms (figure 12 reads them window by window, so that a long run keeps no more than one).
+    pub fn take(&self) -> Vec<f64> {
+        let samples = self.0.lock().map(|mut s| std::mem::take(&mut *s));
+        samples
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, sent, started)| started.saturating_sub(sent) as f64 / 1000.0)
+            .collect()
     }
 
     /// The latencies, given when each enqueue call returned (by job number).
@@ -472,7 +483,7 @@ async fn produce(ctx: &Ctx, sql: &str, count: usize, samples: &Samples) -> Resul
 /// The project's side of figure 5, started: an idle transactional worker (lease) of `workers`
 /// slots, woken by NOTIFY, whose handler records its start, writes its row and then takes
 /// `handler` (if any).
-async fn start_inbox_side(
+pub async fn start_inbox_side(
     ctx: &Ctx,
     workers: usize,
     handler: Option<Duration>,
@@ -504,6 +515,11 @@ fn inbox_enqueue_sql() -> String {
     format!("SELECT inbox_enqueue('{Q_INBOX}'::regclass, $1::jsonb)")
 }
 
+/// The SQL of an open loop's enqueues on the project's side (`$1` the payloads, `jsonb[]`).
+pub fn inbox_batch_sql() -> String {
+    format!("SELECT count(*) FROM inbox_enqueue_batch('{Q_INBOX}'::regclass, $1::jsonb[])")
+}
+
 /// The project's side of figure 5: enqueues paced 4 to 8 ms apart.
 async fn latency_inbox(ctx: &Ctx, connections: usize, count: usize) -> Result<Vec<Latency>> {
     let (handle, samples) = start_inbox_side(ctx, connections, None).await?;
@@ -516,10 +532,10 @@ async fn latency_inbox(ctx: &Ctx, connections: usize, count: usize) -> Result<Ve
 /// per notification; a consumer leases with raw SQL until it finds nothing, running each job as
 /// the worker does (insert, the handler's time if any, and delete in one transaction), then waits
 /// (polling every 500 ms).
-struct RawSide {
+pub struct RawSide {
     /// The LISTEN connection's client: dropping it would close the connection.
     _listener: tokio_postgres::Client,
-    samples: Samples,
+    pub samples: Samples,
     wake: Arc<Notify>,
     stop: Arc<AtomicBool>,
     consumers: tokio::task::JoinSet<Result<()>>,
@@ -535,7 +551,15 @@ impl RawSide {
         )
     }
 
-    async fn start(ctx: &Ctx, connections: usize, handler: Option<Duration>) -> Result<Self> {
+    /// The SQL of its open loop's enqueues (`$1` the payloads, `jsonb[]`).
+    pub fn batch_sql() -> String {
+        format!(
+            "WITH jobs AS (INSERT INTO {Q_RAW} (payload) SELECT unnest($1::jsonb[]) RETURNING id) \
+             SELECT (SELECT count(*) FROM jobs), pg_notify('{Q_RAW}', '')"
+        )
+    }
+
+    pub async fn start(ctx: &Ctx, connections: usize, handler: Option<Duration>) -> Result<Self> {
         let admin = ctx.connect().await?;
         truncate(&admin, &[Q_RAW, DONE_RAW]).await?;
         let samples = Samples::default();
@@ -610,7 +634,7 @@ impl RawSide {
         })
     }
 
-    async fn stop(mut self) -> Result<()> {
+    pub async fn stop(mut self) -> Result<()> {
         self.stop.store(true, Ordering::Relaxed);
         for _ in 0..self.consumers.len() {
             self.wake.notify_one();
@@ -690,9 +714,7 @@ async fn produce_at(
 async fn open_loop_inbox(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<Latency>, f64)> {
     let (handle, samples) =
         start_inbox_side(ctx, OPEN_LOOP_WORKERS, Some(OPEN_LOOP_HANDLER)).await?;
-    let sql =
-        format!("SELECT count(*) FROM inbox_enqueue_batch('{Q_INBOX}'::regclass, $1::jsonb[])");
-    let measured = produce_at(ctx, &sql, rate, count, &samples).await;
+    let measured = produce_at(ctx, &inbox_batch_sql(), rate, count, &samples).await;
     handle.shutdown(SHUTDOWN).await;
     measured
 }
@@ -700,11 +722,7 @@ async fn open_loop_inbox(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<La
 /// The raw side of figure 5's open loop: as many connections as the worker has slots.
 async fn open_loop_raw(ctx: &Ctx, rate: usize, count: usize) -> Result<(Vec<Latency>, f64)> {
     let raw = RawSide::start(ctx, OPEN_LOOP_WORKERS, Some(OPEN_LOOP_HANDLER)).await?;
-    let sql = format!(
-        "WITH jobs AS (INSERT INTO {Q_RAW} (payload) SELECT unnest($1::jsonb[]) RETURNING id) \
-         SELECT (SELECT count(*) FROM jobs), pg_notify('{Q_RAW}', '')"
-    );
-    let measured = produce_at(ctx, &sql, rate, count, &raw.samples).await;
+    let measured = produce_at(ctx, &RawSide::batch_sql(), rate, count, &raw.samples).await;
     raw.stop().await?;
     measured
 }

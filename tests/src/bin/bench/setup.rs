@@ -79,6 +79,8 @@ pub struct Opts {
     /// The depth a queue consumed 100 jobs at a time is filled to before a measurement (its
     /// refill, a single connection, cannot keep pace with 16 connections on its own).
     pub batch_depth: u64,
+    /// How long each holder of figure 12 holds the horizon, in seconds (each length in turn).
+    pub holds: Vec<u64>,
 }
 
 impl Opts {
@@ -106,6 +108,7 @@ impl Opts {
             churn: (100_000, 1_000_000),
             child_seconds: 8,
             batch_depth: 80_000,
+            holds: vec![120, 600],
         }
     }
 
@@ -119,6 +122,7 @@ impl Opts {
             churn: (10_000, 100_000),
             child_seconds: 2,
             batch_depth: 15_000,
+            holds: vec![20],
             ..Self::full()
         }
     }

@@ -1,0 +1,2 @@
+-- A producer's enqueue into today's shape.
+INSERT INTO skq (payload) VALUES ('{}');
