@@ -14,7 +14,7 @@ use inbox_client::PgDatabase;
 use inbox_tests::NatsServer;
 use tokio_util::sync::CancellationToken;
 
-use super::measure::{compare, percentile, Row, Target};
+use super::measure::{compare, median, percentile, Row, Target};
 use super::setup::{Ctx, Result};
 
 const OUTBOX: &str = "bench_outbox";
@@ -121,6 +121,8 @@ pub async fn outbox(ctx: &Ctx) -> Result<Vec<Row>> {
     rows.push(row);
     fresh_stream(&js).await?;
     rows.extend(steady_size(ctx, &nats).await?);
+    fresh_stream(&js).await?;
+    rows.extend(held_relay(ctx, &nats).await?);
     admin
         .batch_execute(&format!("DROP TABLE {OUTBOX}, {RAW}, {REFUNDS}"))
         .await?;
@@ -220,6 +222,98 @@ async fn steady_size(ctx: &Ctx, nats: &NatsServer) -> Result<Vec<Row>> {
         Target::None,
     )
     .note(note);
+    super::report::print_row(&row);
+    Ok(vec![row])
+}
+
+/// The relay on a backlog kept deep (a connection of its own tops it up in transactions of
+/// 1,000) while a session idle in a transaction with an xid holds the horizon: its messages a
+/// second in 10 s windows, clean, held, and after.
+async fn held_relay(ctx: &Ctx, nats: &NatsServer) -> Result<Vec<Row>> {
+    const WINDOW: Duration = Duration::from_secs(10);
+    const DEPTH: u64 = 50_000;
+    let admin = ctx.connect().await?;
+    admin
+        .batch_execute(&format!(
+            "SET client_min_messages = warning; DROP TABLE IF EXISTS {OUTBOX}; \
+             SELECT inbox_create_outbox('{OUTBOX}')"
+        ))
+        .await?;
+    let autovacuum: String = admin.query_one("SHOW autovacuum", &[]).await?.get(0);
+    let (clean, held, after) = if ctx.opts.quick {
+        (2, 2, 2)
+    } else {
+        (3, 12, 3)
+    };
+    let stop = CancellationToken::new();
+    let relay = Relay::new(
+        ctx.database(4)?,
+        OUTBOX,
+        NatsSink::new(nats.jetstream().await),
+    )
+    .batch(1000);
+    let counts = relay.counts();
+    let topped = {
+        let client = ctx.connect().await?;
+        let (counts, stop) = (counts.clone(), stop.clone());
+        let sql = format!(
+            "SELECT count(inbox_publish_bytes('{OUTBOX}', 'bench.held', \
+             decode(repeat('ab', 100), 'hex'), 'key-' || (g % {KEYS}))) \
+             FROM generate_series(1, 1000) AS g"
+        );
+        tokio::spawn(async move {
+            let mut published = 0_u64;
+            while !stop.is_cancelled() {
+                if published < counts.sent() + DEPTH {
+                    client.query_one(&sql, &[]).await?;
+                    published += 1000;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            Ok::<_, tokio_postgres::Error>(())
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let running = tokio::spawn(relay.run(stop.clone()));
+    let holder = ctx.connect().await?;
+    let mut windows = Vec::new();
+    let mut last = counts.sent();
+    for window in 0..clean + held + after {
+        if window == clean {
+            holder.batch_execute("BEGIN; SELECT txid_current()").await?;
+        }
+        if window == clean + held {
+            holder.batch_execute("COMMIT").await?;
+        }
+        tokio::time::sleep(WINDOW).await;
+        let sent = counts.sent();
+        windows.push((sent - last) as f64 / WINDOW.as_secs_f64());
+        last = sent;
+    }
+    stop.cancel();
+    topped.await??;
+    running.await??;
+    let clean_rate = median(windows[..clean].to_vec());
+    let worst = windows[clean..clean + held]
+        .iter()
+        .fold(f64::INFINITY, |a, &b| a.min(b));
+    let trail: Vec<String> = windows.iter().map(|w| format!("{w:.0}")).collect();
+    let row = Row::new(
+        13,
+        format!("13. relay, worst 10 s of {} s held / clean", held * 10),
+        None,
+        (Some(worst / clean_rate.max(1.0)), None),
+        "x",
+        Target::InboxAtLeast(0.8),
+    )
+    .note(format!(
+        "an idle transaction with an xid held from {} s to {} s; msg/s each 10 s: {}; \
+         autovacuum {autovacuum}",
+        clean * 10,
+        (clean + held) * 10,
+        trail.join(" ")
+    ));
     super::report::print_row(&row);
     Ok(vec![row])
 }
