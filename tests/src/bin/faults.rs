@@ -47,6 +47,8 @@ mod c15;
 mod c16;
 #[path = "faults/cases/c17_workflows.rs"]
 mod c17;
+#[path = "faults/cases/c18_held_horizon_crashes.rs"]
+mod c18;
 #[path = "faults/child.rs"]
 mod child;
 #[path = "faults/cluster.rs"]
@@ -112,6 +114,7 @@ fn cases() -> Vec<Case> {
         case!(15, c15, true, 900),
         case!(16, c16, false, 300),
         case!(17, c17, true, 900),
+        case!(18, c18, true, 600),
     ]
 }
 
