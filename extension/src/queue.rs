@@ -7,8 +7,8 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
 use crate::datum::{
-    array_facts, spi_result_datum, BigintArray, Bytea, ByteaArray, Jsonb, JsonbArray, RegClass,
-    Text, TextArray,
+    array_facts, clock_now, spi_result_datum, BigintArray, Bytea, ByteaArray, Jsonb, JsonbArray,
+    RegClass, Text, TextArray,
 };
 use crate::error::*;
 use crate::groups;
@@ -59,13 +59,6 @@ pub(crate) fn notify(queue: pg_sys::Oid) {
             );
         }
     }
-}
-
-/// The current time, read from the clock (not the transaction's start): due checks, leases and
-/// retry delays are measured from the moment of the call.
-pub(crate) fn clock_now() -> DatumWithOid<'static> {
-    // SAFETY: a timestamptz is an int64 passed by value.
-    unsafe { DatumWithOid::new(pg_sys::GetCurrentTimestamp(), pg_sys::TIMESTAMPTZOID) }
 }
 
 /// Raises `22023` unless `interval` is positive (or, with `allow_zero`, zero).
