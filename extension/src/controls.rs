@@ -208,7 +208,7 @@ pub(crate) fn take_limited(
     control: Control,
     max: i32,
     lease: Option<pgrx::datum::Interval>,
-) -> Vec<crate::queue::Delivery> {
+) -> Vec<crate::take::Delivery> {
     if control.per_key {
         return take_limited_in_sql(client, queue, max, lease);
     }
@@ -223,7 +223,7 @@ pub(crate) fn take_limited(
     if n < 1 {
         return Vec::new();
     }
-    let deliveries = crate::queue::take_jobs(client, queue, n, lease, None);
+    let deliveries = crate::take::take_jobs(client, queue, n, lease, None);
     if !deliveries.is_empty() {
         // The first slots locked, one per job; a rate slot's job is NULL (past the arrays' end).
         let taken = deliveries.len();
@@ -310,7 +310,7 @@ fn take_limited_in_sql(
     queue: Oid,
     max: i32,
     lease: Option<pgrx::datum::Interval>,
-) -> Vec<crate::queue::Delivery> {
+) -> Vec<crate::take::Delivery> {
     let schema = crate::names::schema(client);
     let plan = plans::plan(queue, Op::TakeLimited, || Sql {
         text: format!(

@@ -24,6 +24,7 @@ pub mod queue;
 pub mod schedule;
 mod shape;
 mod statements;
+mod take;
 mod upkeep;
 mod wakeups;
 pub mod worker_calls;
