@@ -16,6 +16,7 @@ use crate::plans::{self, Op};
 use crate::shape::{create_table, Payload, QueueShape};
 use crate::statements;
 use crate::take::{take_jobs, Delivery};
+use crate::wakeups::{self, notify};
 
 /// Creates the queue table `name` unless a valid one exists; returns it.
 #[pg_extern(volatile, parallel_unsafe)]
@@ -33,11 +34,7 @@ fn inbox_create_queue(name: Option<&str>) -> RegClass {
 #[pg_extern(immutable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn inbox_channel(queue: Option<RegClass>) -> String {
-    channel(required(queue, "queue").0)
-}
-
-fn channel(queue: pg_sys::Oid) -> String {
-    format!("inbox_{}", queue.to_u32())
+    wakeups::channel(required(queue, "queue").0)
 }
 
 /// Wakes the sessions asleep on `queue` once the caller commits, as an enqueue does: for rows
@@ -46,20 +43,6 @@ fn channel(queue: pg_sys::Oid) -> String {
 #[search_path(pg_catalog, pg_temp)]
 fn inbox_notify(queue: Option<RegClass>) {
     notify(required(queue, "queue").0)
-}
-
-/// Wakes the workers asleep on the queue once the caller commits, unless `inbox.notify` is off;
-/// sends nothing when none sleeps (see `wakeups`).
-pub(crate) fn notify(queue: pg_sys::Oid) {
-    if crate::NOTIFY.get() && crate::wakeups::must_notify(queue) {
-        // SAFETY: pg_notify takes two text arguments, both given and non-NULL.
-        unsafe {
-            pgrx::direct_function_call::<()>(
-                pg_sys::pg_notify,
-                &[channel(queue).into_datum(), "".into_datum()],
-            );
-        }
-    }
 }
 
 /// Raises `22023` unless `interval` is positive (or, with `allow_zero`, zero).
