@@ -144,7 +144,7 @@ pub(crate) fn extension_table(client: &pgrx::spi::SpiClient<'_>, name: &str) -> 
     }
 }
 
-/// The extension's table whose schema [`schema`] reads: the controls' (any of its tables would do).
+/// The extension's table whose schema [`schema`] reads (any of the extension's tables would do).
 const SCHEMA_TABLE: &str = "inbox_queue_controls";
 
 thread_local! {
