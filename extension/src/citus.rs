@@ -62,5 +62,5 @@ fn call(client: &SpiClient<'_>, call: &str, args: &[pgrx::datum::DatumWithOid<'_
 
 /// The extension's function `call`, qualified by the extension's schema.
 fn qualified(client: &SpiClient<'_>, call: &str) -> String {
-    format!("{}.{call}", crate::controls::schema(client))
+    format!("{}.{call}", crate::names::schema(client))
 }

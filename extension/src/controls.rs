@@ -185,48 +185,9 @@ pub(crate) fn control(client: &SpiClient<'_>, queue: Oid) -> Control {
     control
 }
 
-thread_local! {
-    /// The extension's schema, quoted, once looked up.
-    static SCHEMA: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// The predicate of the queue's unique index on `key` (`inbox__key_predicate`,
-/// sql/shared/controls.sql), which an enqueue's ON CONFLICT clause names so that it is inferred.
-pub(crate) fn key_predicate(client: &SpiClient<'_>, queue: Oid) -> String {
-    let schema = schema(client);
-    client
-        .select(
-            &format!("SELECT {schema}.inbox__key_predicate($1)"),
-            None,
-            &[crate::datum::RegClass(queue).into()],
-        )
-        .and_then(|rows| rows.first().get_one::<String>())
-        .unwrap_or_else(|e| internal(e))
-        .unwrap_or_else(|| "key IS NOT NULL".to_owned())
-}
-
-/// The extension's schema, quoted.
-pub(crate) fn schema(client: &SpiClient<'_>) -> String {
-    SCHEMA.with(|cached| {
-        cached
-            .borrow_mut()
-            .get_or_insert_with(|| {
-                let (table, _) = crate::names::extension_table(client, TABLE);
-                // The table's name is quoted and qualified: the schema is what precedes its dot.
-                table
-                    .strip_suffix(&format!(".{TABLE}"))
-                    .unwrap_or_else(|| {
-                        raise(ERRCODE_INTERNAL_ERROR, format!("unexpected name {table}"))
-                    })
-                    .to_owned()
-            })
-            .clone()
-    })
-}
-
 /// Whether the limits of `queue` would let a job start now (`inbox__limits_allow`).
 pub(crate) fn limits_allow(client: &SpiClient<'_>, queue: Oid) -> bool {
-    let schema = schema(client);
+    let schema = crate::names::schema(client);
     let plan = plans::plan(queue, Op::LimitsAllow, || Sql {
         text: format!("SELECT {schema}.inbox__limits_allow($1)"),
         args: vec![pg_sys::REGCLASSOID],
@@ -247,7 +208,7 @@ pub(crate) fn take_limited(
     control: Control,
     max: i32,
     lease: Option<pgrx::datum::Interval>,
-) -> Vec<crate::queue::Delivery> {
+) -> Vec<crate::take::Delivery> {
     if control.per_key {
         return take_limited_in_sql(client, queue, max, lease);
     }
@@ -262,7 +223,7 @@ pub(crate) fn take_limited(
     if n < 1 {
         return Vec::new();
     }
-    let deliveries = crate::queue::take_jobs(client, queue, n, lease, None);
+    let deliveries = crate::take::take_jobs(client, queue, n, lease, None);
     if !deliveries.is_empty() {
         // The first slots locked, one per job; a rate slot's job is NULL (past the arrays' end).
         let taken = deliveries.len();
@@ -329,7 +290,7 @@ fn limit_statement(client: &SpiClient<'_>, queue: Oid, op: Op) -> std::rc::Rc<pl
         ),
     };
     plans::prepared_generic(queue, op, || {
-        let schema = schema(client);
+        let schema = crate::names::schema(client);
         let text = client
             .select(
                 &format!("SELECT {column} FROM {schema}.inbox__limit_statements($1)"),
@@ -349,8 +310,8 @@ fn take_limited_in_sql(
     queue: Oid,
     max: i32,
     lease: Option<pgrx::datum::Interval>,
-) -> Vec<crate::queue::Delivery> {
-    let schema = schema(client);
+) -> Vec<crate::take::Delivery> {
+    let schema = crate::names::schema(client);
     let plan = plans::plan(queue, Op::TakeLimited, || Sql {
         text: format!(
             "SELECT id, attempt, token, payload, payload_bytes, timeout \

@@ -5,6 +5,7 @@
 //! never parsed, a `bytea` never copied, however large.
 
 use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, Datum, Oid};
 use pgrx::pgrx_sql_entity_graph::metadata::{
     ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
@@ -201,4 +202,11 @@ pub(crate) fn same_length(ids: &BigintArray, tokens: &BigintArray) -> usize {
         );
     }
     id_facts.len
+}
+
+/// The current time, read from the clock (not the transaction's start): due checks, leases and
+/// retry delays are measured from the moment of the call.
+pub(crate) fn clock_now() -> DatumWithOid<'static> {
+    // SAFETY: a timestamptz is an int64 passed by value.
+    unsafe { DatumWithOid::new(pg_sys::GetCurrentTimestamp(), pg_sys::TIMESTAMPTZOID) }
 }

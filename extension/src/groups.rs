@@ -90,7 +90,7 @@ pub(crate) fn busy(client: &SpiClient<'_>, queue: Oid, group: &str) -> bool {
 /// caller holds the groups' locks.
 pub(crate) fn promote(client: &SpiClient<'_>, queue: Oid, groups: DatumWithOid<'_>) {
     let plan = plans::latest_plan(client, queue, Op::Promote, statements::promote);
-    plan.run_latest(&[groups, crate::queue::clock_now()]);
+    plan.run_latest(&[groups, crate::datum::clock_now()]);
 }
 
 /// After a settlement or requeue changed the heads of `groups`: locks them and promotes the
@@ -104,7 +104,7 @@ pub(crate) fn settled(client: &mut SpiClient<'_>, queue: Oid, mut groups: Vec<St
         // One group (a settlement): the simpler statement.
         [group] => {
             let plan = plans::latest_plan(client, queue, Op::PromoteOne, statements::promote_one);
-            plan.run_latest(&[group.as_str().into(), crate::queue::clock_now()]);
+            plan.run_latest(&[group.as_str().into(), crate::datum::clock_now()]);
         }
         _ => promote(client, queue, DatumWithOid::from(groups)),
     }

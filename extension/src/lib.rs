@@ -6,26 +6,54 @@
 //! is SQL shared with the SQL-only build (`sql/shared/`), placed in the script by the module it
 //! belongs to (`operators.rs` for dead letters, observability and purges). The public contract
 //! (arguments, results, SQLSTATEs) is documented in `docs/sql-api.md`.
+//!
+//! The modules form layers, lowest first: a module names modules of lower layers, and of its own
+//! layer only those listed before it, never a higher one (`../shared/tools/module-cycles.py
+//! extension/src` finds no circle).
+//! 1. [`error`], [`datum`], [`names`]: SQLSTATEs, the datums passed between SQL and the
+//!    statements (and the clock), table names and the extension's own tables and schema; nothing
+//!    here knows a queue.
+//! 2. [`citus`], [`shape`]: a queue's or ledger's table, where Citus places it (checked first)
+//!    and the columns, read from the catalog, that every statement is built from.
+//! 3. [`statements`], [`plans`]: the SQL text built from a shape, and its prepared plans (and the
+//!    shapes) kept per table and backend.
+//! 4. [`head`], [`schedule`], [`take`], [`groups`], [`controls`], [`wakeups`]: the job path's
+//!    mechanisms (where a scan starts, the ticks a take fires, the take, ordered groups, pauses
+//!    and limits with their limited take, sleeping workers and `NOTIFY`), each with the SQL
+//!    functions of its own (`inbox_schedule`, `inbox__groups_settled`, `inbox_sleep`, ...).
+//! 5. [`ledger`], [`queue`], [`worker_calls`] (on `queue`'s batch ack), [`outbox`],
+//!    [`workflows`], [`upkeep`], [`operators`]: the SQL-callable functions, built on the layers
+//!    below.
 
 use pgrx::prelude::*;
 
-mod citus;
-mod controls;
+// 1. Errors, datums, names.
 mod datum;
 mod error;
+mod names;
+
+// 2. A table's shape.
+mod citus;
+mod shape;
+
+// 3. SQL and its plans.
+mod plans;
+mod statements;
+
+// 4. The job path's mechanisms.
+mod controls;
 mod groups;
 mod head;
+pub mod schedule;
+mod take;
+mod wakeups;
+
+// 5. The SQL-callable functions.
 pub mod ledger;
-mod names;
 mod operators;
 mod outbox;
-mod plans;
 pub mod queue;
-pub mod schedule;
-mod shape;
-mod statements;
 mod upkeep;
-mod wakeups;
 pub mod worker_calls;
 mod workflows;
 

@@ -1,8 +1,11 @@
-//! Table names given as text to the `inbox_create_*` functions, and the extension's own tables.
+//! Table names given as text to the `inbox_create_*` functions, and the extension's own tables
+//! and schema.
 //!
 //! A name is one identifier or `schema.identifier`, each part either unquoted (folded to lower
 //! case, as PostgreSQL does) or double-quoted (`""` for a quote). Anything else is refused rather
 //! than guessed at, and so is a part PostgreSQL would silently truncate.
+
+use std::cell::RefCell;
 
 use pgrx::pg_sys::Oid;
 
@@ -139,6 +142,33 @@ pub(crate) fn extension_table(client: &pgrx::spi::SpiClient<'_>, name: &str) -> 
             format!("the extension's table {name} is missing"),
         ),
     }
+}
+
+/// The extension's table whose schema [`schema`] reads (any of the extension's tables would do).
+const SCHEMA_TABLE: &str = "inbox_queue_controls";
+
+thread_local! {
+    /// The extension's schema, quoted, once looked up.
+    static SCHEMA: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// The extension's schema, quoted.
+pub(crate) fn schema(client: &pgrx::spi::SpiClient<'_>) -> String {
+    SCHEMA.with(|cached| {
+        cached
+            .borrow_mut()
+            .get_or_insert_with(|| {
+                let (table, _) = extension_table(client, SCHEMA_TABLE);
+                // The table's name is quoted and qualified: the schema is what precedes its dot.
+                table
+                    .strip_suffix(&format!(".{SCHEMA_TABLE}"))
+                    .unwrap_or_else(|| {
+                        raise(ERRCODE_INTERNAL_ERROR, format!("unexpected name {table}"))
+                    })
+                    .to_owned()
+            })
+            .clone()
+    })
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ fn publish(
         plan.rows(&[subject.into(), key, payload, headers])
             .get::<i64>(0, 1)
     });
-    crate::queue::notify(outbox);
+    crate::wakeups::notify(outbox);
     id.unwrap_or_else(|| raise(ERRCODE_INTERNAL_ERROR, "the outbox's insert returned no id"))
 }
 

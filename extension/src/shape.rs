@@ -12,7 +12,7 @@ use pgrx::Spi;
 
 use crate::datum::RegClass;
 use crate::error::*;
-use crate::names::{parse_qualified_name, quote_literal};
+use crate::names::{parse_qualified_name, quote_literal, schema};
 
 /// How a queue stores its payloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,7 +218,7 @@ impl QueueShape {
             nullable_locked_until: !locked_until.is_some_and(|column| column.not_null),
             has_key,
             key_predicate: if has_key {
-                crate::controls::key_predicate(client, oid)
+                key_predicate(client, oid)
             } else {
                 String::new()
             },
@@ -240,6 +240,21 @@ impl QueueShape {
             table: table.table,
         }
     }
+}
+
+/// The predicate of the queue's unique index on `key` (`inbox__key_predicate`,
+/// sql/shared/controls.sql), which an enqueue's ON CONFLICT clause names so that it is inferred.
+fn key_predicate(client: &SpiClient<'_>, queue: Oid) -> String {
+    let schema = schema(client);
+    client
+        .select(
+            &format!("SELECT {schema}.inbox__key_predicate($1)"),
+            None,
+            &[RegClass(queue).into()],
+        )
+        .and_then(|rows| rows.first().get_one::<String>())
+        .unwrap_or_else(|e| internal(e))
+        .unwrap_or_else(|| "key IS NOT NULL".to_owned())
 }
 
 impl LedgerShape {

@@ -52,7 +52,7 @@ fn removal_horizon(queue: Oid) -> TransactionId {
 fn inbox_vacuum_due(queue: Option<RegClass>) -> Option<String> {
     let queue = required(queue, "queue").0;
     let (dead, live, running, permitted, name) = Spi::connect(|client| {
-        let schema = crate::controls::schema(client);
+        let schema = crate::names::schema(client);
         client
             .select(
                 &format!("SELECT {schema}.inbox__checked_columns($1, 'table', '{{}}', '', 0)"),

@@ -60,11 +60,30 @@ fn tag(queue: Oid) -> pg_sys::LOCKTAG {
 /// Whether an enqueue into `queue` must notify: true when a session sleeps on it (or is about to).
 /// When false, the calling transaction holds the enqueuer's lock until it ends, which keeps any
 /// session from starting to sleep on the queue before this job is visible.
-pub(crate) fn must_notify(queue: Oid) -> bool {
+fn must_notify(queue: Oid) -> bool {
     let tag = tag(queue);
     // SAFETY: a valid tag of the user lock method, in a transaction (the lock is released with it).
     let taken = unsafe { pg_sys::LockAcquire(&tag, ENQUEUER, false, true) };
     taken == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+/// The NOTIFY channel on which enqueues into `queue` announce new jobs (`inbox_channel`).
+pub(crate) fn channel(queue: Oid) -> String {
+    format!("inbox_{}", queue.to_u32())
+}
+
+/// Wakes the workers asleep on the queue once the caller commits, unless `inbox.notify` is off;
+/// sends nothing when none sleeps (see [`must_notify`]).
+pub(crate) fn notify(queue: Oid) {
+    if crate::NOTIFY.get() && must_notify(queue) {
+        // SAFETY: pg_notify takes two text arguments, both given and non-NULL.
+        unsafe {
+            pgrx::direct_function_call::<()>(
+                pg_sys::pg_notify,
+                &[channel(queue).into_datum(), "".into_datum()],
+            );
+        }
+    }
 }
 
 /// The current time, read from the clock.

@@ -40,6 +40,6 @@ fn release(queue: RegClass, ids: BigintArray, run_ats: TimestamptzArray) {
         plan.run(&[ids.into(), run_ats.into()])
     });
     if released > 0 {
-        crate::queue::notify(queue.0);
+        crate::wakeups::notify(queue.0);
     }
 }

@@ -37,7 +37,7 @@ BEGIN
 END
 $$;
 
--- Wakes the sessions asleep on the queue once the caller commits (queue.rs notify).
+-- Wakes the sessions asleep on the queue once the caller commits (wakeups.rs notify).
 CREATE OR REPLACE FUNCTION inbox__notify(queue regclass) RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE AS $$
 DECLARE
