@@ -90,11 +90,11 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
             row.faults += 1;
         }
     }
-    // What the hold kept: the queue's dead tuples just before it ends.
-    let dead: i64 = admin
+    // How far the hold held the horizon back: the transactions begun since the holder's own
+    // (the statistics' dead tuples would not tell: a crash resets them).
+    let held_back: i32 = holder
         .query_one(
-            "SELECT coalesce(n_dead_tup, 0) FROM pg_stat_user_tables \
-              WHERE relid = 'jobs'::regclass",
+            "SELECT age(backend_xid) FROM pg_stat_activity WHERE pid = pg_backend_pid()",
             &[],
         )
         .await?
@@ -128,8 +128,8 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     row.inputs = deliveries as u64;
     row.note(format!(
         "{kills} worker processes SIGKILLed and {crashes} server crashes while an xid held the \
-         horizon; {deliveries} deliveries for {jobs} jobs; {dead} dead tuples kept by the hold \
-         at its end"
+         horizon; {deliveries} deliveries for {jobs} jobs; the last hold (since the last \
+         crash) held the horizon {held_back} transactions back"
     ));
     drop(admin);
     drop(db);
