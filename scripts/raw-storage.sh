@@ -59,11 +59,11 @@ hold_horizon() {
   esac
 }
 
-# counts PATTERN: "completed produced size dead" of the pattern's tables, from the statistics.
+# counts PATTERN: "completed produced MB dead" of the pattern's tables, from the statistics.
 counts() {
   run -At -F ' ' -c "SELECT sum(n_tup_${2}) FILTER (WHERE relname ~ '$3'),
                             sum(n_tup_ins) FILTER (WHERE relname ~ '$4'),
-                            pg_size_pretty(sum(pg_total_relation_size(relid))), sum(n_dead_tup)
+                            round(sum(pg_total_relation_size(relid)) / 1048576.0, 1), sum(n_dead_tup)
                        FROM pg_stat_user_tables WHERE relname ~ '$1'"
 }
 
@@ -82,18 +82,20 @@ pattern() {
   local consumers=$!
   (sleep "$clean" && hold_horizon "$read") &
   local held=$!
-  local t=0 last=0 now made size dead
-  printf '%6s %10s %10s %12s %10s\n' "t" "done/s" "backlog" "size" "dead"
-  while ((t < total)); do
+  # Windows by the clock: a reclaim pass takes its own time, so a count of sleeps would drift.
+  local began=$SECONDS at last=0 last_at=$SECONDS next=$((SECONDS + 10)) now made size dead
+  printf '%6s %10s %10s %10s %10s\n' "t" "done/s" "backlog" "MB" "dead"
+  while ((SECONDS - began < total)); do
     if ((reclaim)); then
       for g in 0 1 2 3 4 5 6 7; do run -v g="$g" -f "$dir/reclaim.sql" 2>/dev/null | grep -v '^$' || true; done
     fi
-    sleep 2
-    t=$((t + 2))
-    if ((t % 10 == 0)); then
+    sleep 1
+    if ((SECONDS >= next)); then
+      at=$SECONDS
       read -r now made size dead <<<"$(counts "$tables" "$done_counter" "$done_tables" "$made_tables")"
-      printf '%6s %10s %10s %12s %10s\n' "${t}s" "$(((now - last) / 10))" "$((made - now))" "$size" "$dead"
-      last=$now
+      printf '%6s %10s %10s %10s %10s\n' "$((at - began))s" "$(((now - last) / (at - last_at)))" \
+        "$((made - now))" "$size" "$dead"
+      last=$now last_at=$at next=$((at + 10))
     fi
   done
   wait "$producers" "$consumers" "$held" || true
