@@ -81,6 +81,26 @@ impl<'a> Tx<'a> {
     /// hang it. Behind a pooler in transaction mode use `prepare`, not `prepare_cached` (a
     /// statement prepared in one transaction is gone in the next).
     ///
+    /// Code written for any tokio-postgres client or transaction takes `&**client`:
+    ///
+    /// ```no_run
+    /// use inbox_client::tokio_postgres::{Error, GenericClient};
+    /// use inbox_client::worker::{HandlerResult, Job, Outcome, Tx};
+    ///
+    /// async fn open_orders(client: &impl GenericClient, customer: i64) -> Result<i64, Error> {
+    ///     let row = client
+    ///         .query_one("SELECT count(*) FROM orders WHERE customer = $1", &[&customer])
+    ///         .await?;
+    ///     Ok(row.get(0))
+    /// }
+    ///
+    /// async fn handle(job: Job<i64>, tx: &Tx<'_>) -> HandlerResult {
+    ///     let client = tx.client().await?;
+    ///     let open = open_orders(&**client, job.payload).await?;
+    ///     Ok(if open == 0 { Outcome::ack() } else { Outcome::retry() })
+    /// }
+    /// ```
+    ///
     /// # Errors
     /// The database's error when a batch of the port that was cancelled midway (see
     /// [`PgTransaction`]) cannot be rolled back first.
