@@ -45,14 +45,16 @@ async fn setup(db: &TestDb, jobs: i64) -> PgDatabase {
     pg
 }
 
-/// Records the delivery's effect through the driver, with typed parameters.
+/// Records the delivery's effect through the driver, with typed parameters, as a statement
+/// prepared on the connection: once it is cached, the insert is sent at the handler's first
+/// poll, with no round trip to prepare it first (so it must already follow the savepoint).
 async fn record_through_driver(job: &Job<Numbered>, tx: &Tx<'_>) -> HandlerResult {
-    tx.client()
-        .await?
-        .execute(
-            "INSERT INTO effects (job, attempt) VALUES ($1, $2)",
-            &[&job.payload.n, &job.attempt],
-        )
+    let client = tx.client().await?;
+    let insert = client
+        .prepare_cached("INSERT INTO effects (job, attempt) VALUES ($1, $2)")
+        .await?;
+    client
+        .execute(&insert, &[&job.payload.n, &job.attempt])
         .await?;
     Ok(Outcome::ack())
 }
@@ -220,7 +222,10 @@ impl AsyncTxHandler<Numbered> for FirstAttemptFails {
             .await?
             .one()?
             .get::<i64>("n")?;
-        assert_eq!(seen, 1, "the port did not see the driver's write");
+        assert_eq!(
+            seen, 1,
+            "the port sees this delivery's write through the driver, and only it"
+        );
         if job.attempt > 1 {
             return Ok(Outcome::ack());
         }
