@@ -76,6 +76,7 @@ mod clock;
 mod database;
 mod error;
 mod inbox;
+mod job_type;
 mod listen;
 mod mode;
 pub mod outbox;
@@ -94,6 +95,7 @@ pub use clock::{format_rfc3339, Clock, ManualClock, SystemClock};
 pub use database::Database;
 pub use error::{DbError, ErrorKind};
 pub use inbox::Inbox;
+pub use job_type::JobType;
 pub use mode::StatementMode;
 pub use pg::{default_pool_size, PgDatabase, DATABASE_URL};
 pub use queue::{

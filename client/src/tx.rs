@@ -166,6 +166,13 @@ impl<'a> PgTransaction<'a> {
         Ok(())
     }
 
+    /// Rolls back what a cancelled [`batch_atomic`](Database::batch_atomic) left behind, before
+    /// the transaction is used other than through this port (which does it at its next call).
+    pub(crate) async fn settle_cancelled_batch(&self) -> Result<(), DbError> {
+        let _serial = self.serial.lock().await;
+        self.restore().await
+    }
+
     /// Runs `statements` in order in the transaction, stopping at the first failure, with no
     /// savepoint of its own.
     pub(crate) async fn run_all(&self, statements: &[Statement]) -> Result<(), DbError> {

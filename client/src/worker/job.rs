@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::database::Database;
 
+use super::tx::Tx;
+
 /// Progress recorded by running handlers, by job, until the heartbeat sends it.
 pub(crate) type ProgressNotes = Arc<Mutex<HashMap<i64, serde_json::Value>>>;
 
@@ -216,5 +218,236 @@ where
 {
     fn handle(&self, job: Job<T>) -> BoxFuture<'static, HandlerResult> {
         Box::pin(self(job))
+    }
+}
+
+/// A transactional handler written with a native `async fn`: what it writes through `tx` (the
+/// [`Database`] port, or the driver's connection from [`Tx::client`]) commits together with the
+/// job's settlement on [`Outcome::Ack`], and not at all otherwise.
+///
+/// Implement it on a type that holds what the handler needs (clients, settings), or pass an
+/// `async fn(Job<T>, &Tx<'_>) -> HandlerResult` (or an async closure that captures nothing),
+/// which is one already (see [`AsyncTxFn`]). Run it with
+/// [`Worker::transactional_for`](super::Worker::transactional_for).
+///
+/// ```no_run
+/// use inbox_client::worker::{AsyncTxHandler, HandlerResult, Job, Outcome, Tx, Worker};
+/// use inbox_client::{JobType, PgDatabase};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Refund {
+///     order_id: i64,
+///     cents: i32,
+/// }
+///
+/// impl JobType for Refund {
+///     const QUEUE: &'static str = "refund_jobs";
+/// }
+///
+/// struct Refunds {
+///     max_cents: i32,
+/// }
+///
+/// impl AsyncTxHandler<Refund> for Refunds {
+///     async fn handle(&self, job: Job<Refund>, tx: &Tx<'_>) -> HandlerResult {
+///         let refund = &job.payload;
+///         if refund.cents > self.max_cents {
+///             return Ok(Outcome::dead("above the refund limit"));
+///         }
+///         tx.client()
+///             .await?
+///             .execute(
+///                 "INSERT INTO refunds (order_id, cents) VALUES ($1, $2)",
+///                 &[&refund.order_id, &refund.cents],
+///             )
+///             .await?;
+///         Ok(Outcome::ack())
+///     }
+/// }
+///
+/// # async fn run(db: PgDatabase) {
+/// let worker = Worker::transactional_for(db, Refunds { max_cents: 100_000 }).start();
+/// # let _ = worker;
+/// # }
+/// ```
+pub trait AsyncTxHandler<T>: Send + Sync + 'static {
+    /// Handles one delivery, writing through `tx`.
+    fn handle(&self, job: Job<T>, tx: &Tx<'_>) -> impl Future<Output = HandlerResult> + Send;
+}
+
+/// What makes an `async fn(Job<T>, &Tx<'_>) -> HandlerResult` an [`AsyncTxHandler`]: its future
+/// borrows the transaction, so the function cannot be named by a plain `Fn(..) -> Fut` bound.
+/// It is implemented for every such function, and for async closures that capture nothing
+/// (`async |job: Job<T>, tx: &Tx<'_>| { .. }`); there is nothing to implement by hand.
+///
+/// A closure that captures state cannot be one (the future it returns would borrow the
+/// closure, which a `Send` bound cannot yet be put on in stable Rust): put the state in a type
+/// that implements [`AsyncTxHandler`].
+///
+/// ```no_run
+/// use inbox_client::worker::{HandlerResult, Job, Outcome, Tx, Worker};
+/// use inbox_client::{Database, JobType, PgDatabase, Statement};
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct Refund { order_id: i64 }
+/// # impl JobType for Refund { const QUEUE: &'static str = "refund_jobs"; }
+///
+/// async fn refund(job: Job<Refund>, tx: &Tx<'_>) -> HandlerResult {
+///     tx.execute(&Statement::new("INSERT INTO refunds (order_id) VALUES ($1)")
+///         .bind(job.payload.order_id))
+///         .await?;
+///     Ok(Outcome::ack())
+/// }
+///
+/// # async fn run(db: PgDatabase) {
+/// let worker = Worker::transactional_for(db.clone(), refund).start();
+/// // Or inline:
+/// let other = Worker::transactional_for(db, async |job: Job<Refund>, tx: &Tx<'_>| {
+///     tx.client().await?
+///         .execute("DELETE FROM holds WHERE order_id = $1", &[&job.payload.order_id])
+///         .await?;
+///     Ok(Outcome::ack())
+/// })
+/// .start();
+/// # let _ = (worker, other);
+/// # }
+/// ```
+pub trait AsyncTxFn<'a, T>: Send + Sync + 'static {
+    /// The future of one call.
+    type Future: Future<Output = HandlerResult> + Send + 'a;
+
+    /// Calls the function.
+    fn call(&'a self, job: Job<T>, tx: &'a Tx<'a>) -> Self::Future;
+}
+
+impl<'a, T, F, Fut> AsyncTxFn<'a, T> for F
+where
+    F: Fn(Job<T>, &'a Tx<'a>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send + 'a,
+{
+    type Future = Fut;
+
+    fn call(&'a self, job: Job<T>, tx: &'a Tx<'a>) -> Fut {
+        self(job, tx)
+    }
+}
+
+impl<T: Send, F> AsyncTxHandler<T> for F
+where
+    F: for<'a> AsyncTxFn<'a, T>,
+{
+    // An `async fn`, so that the call's future may borrow for the shortest of the lifetimes.
+    async fn handle(&self, job: Job<T>, tx: &Tx<'_>) -> HandlerResult {
+        self.call(job, tx).await
+    }
+}
+
+/// A handler that needs no transaction (plain mode), written with a native `async fn`: it may
+/// write through a pool of its own, and those writes commit on their own whatever the outcome.
+///
+/// Implement it on a type that holds what the handler needs, or pass an
+/// `async fn(Job<T>) -> HandlerResult` or a closure returning a future, which are ones already.
+/// Run it with [`Worker::plain_for`](super::Worker::plain_for).
+///
+/// ```no_run
+/// use inbox_client::worker::{AsyncHandler, HandlerResult, Job, Outcome, Worker};
+/// use inbox_client::{JobType, PgDatabase};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Email {
+///     to: String,
+/// }
+///
+/// impl JobType for Email {
+///     const QUEUE: &'static str = "email_jobs";
+/// }
+///
+/// struct Mailer {
+///     from: String,
+/// }
+///
+/// impl AsyncHandler<Email> for Mailer {
+///     async fn handle(&self, job: Job<Email>) -> HandlerResult {
+///         println!("{} -> {}", self.from, job.payload.to);
+///         Ok(Outcome::ack())
+///     }
+/// }
+///
+/// async fn log_email(job: Job<Email>) -> HandlerResult {
+///     println!("to {}", job.payload.to);
+///     Ok(Outcome::ack())
+/// }
+///
+/// # async fn run(db: PgDatabase) {
+/// let mailer = Worker::plain_for(db.clone(), Mailer { from: "shop@example.com".into() }).start();
+/// let logger = Worker::plain_for(db, log_email).start();
+/// # let _ = (mailer, logger);
+/// # }
+/// ```
+///
+/// A plain handler has no transaction to write in, so one that asks for it is refused:
+///
+/// ```compile_fail
+/// use inbox_client::worker::{HandlerResult, Job, Outcome, Tx, Worker};
+/// use inbox_client::{JobType, PgDatabase};
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct Email { to: String }
+/// # impl JobType for Email { const QUEUE: &'static str = "email_jobs"; }
+///
+/// async fn send(job: Job<Email>, tx: &Tx<'_>) -> HandlerResult {
+///     Ok(Outcome::ack())
+/// }
+///
+/// # fn run(db: PgDatabase) {
+/// let worker = Worker::plain_for(db, send);
+/// # }
+/// ```
+pub trait AsyncHandler<T>: Send + Sync + 'static {
+    /// Handles one delivery.
+    fn handle(&self, job: Job<T>) -> impl Future<Output = HandlerResult> + Send;
+}
+
+impl<T, F, Fut> AsyncHandler<T> for F
+where
+    F: Fn(Job<T>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = HandlerResult> + Send,
+{
+    fn handle(&self, job: Job<T>) -> impl Future<Output = HandlerResult> + Send {
+        self(job)
+    }
+}
+
+/// What a transactional worker runs: a handler of either form behind one object.
+pub(crate) trait Deliver<T>: Send + Sync + 'static {
+    fn deliver<'a>(&'a self, job: Job<T>, tx: &'a Tx<'a>) -> BoxFuture<'a, HandlerResult>;
+}
+
+/// A [`TxHandler`], which sees the transaction as the port only.
+pub(crate) struct ThroughPort<H>(pub(crate) H);
+
+impl<T: 'static, H: TxHandler<T>> Deliver<T> for ThroughPort<H> {
+    fn deliver<'a>(&'a self, job: Job<T>, tx: &'a Tx<'a>) -> BoxFuture<'a, HandlerResult> {
+        self.0.handle(job, tx.database())
+    }
+}
+
+/// An [`AsyncTxHandler`], its future boxed here rather than by the user.
+pub(crate) struct Native<H>(pub(crate) H);
+
+impl<T: Send + 'static, H: AsyncTxHandler<T>> Deliver<T> for Native<H> {
+    fn deliver<'a>(&'a self, job: Job<T>, tx: &'a Tx<'a>) -> BoxFuture<'a, HandlerResult> {
+        Box::pin(self.0.handle(job, tx))
+    }
+}
+
+/// An [`AsyncHandler`] as the plain worker runs it: its future owns a share of the handler, as
+/// the fetcher's tasks need.
+pub(crate) struct NativePlain<H>(pub(crate) Arc<H>);
+
+impl<T: Send + 'static, H: AsyncHandler<T>> Handler<T> for NativePlain<H> {
+    fn handle(&self, job: Job<T>) -> BoxFuture<'static, HandlerResult> {
+        let handler = self.0.clone();
+        Box::pin(async move { handler.handle(job).await })
     }
 }

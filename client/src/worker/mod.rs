@@ -76,6 +76,7 @@ mod listen;
 mod plain;
 mod policy;
 mod transactional;
+mod tx;
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -90,12 +91,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::DbError;
+use crate::job_type::JobType;
 use crate::pg::PgDatabase;
 
 pub use job::{
-    transactional, BoxFuture, Handler, HandlerError, HandlerResult, Job, Outcome, TxHandler,
+    transactional, AsyncHandler, AsyncTxFn, AsyncTxHandler, BoxFuture, Handler, HandlerError,
+    HandlerResult, Job, Outcome, TxHandler,
 };
 pub use policy::RetryPolicy;
+pub use tx::Tx;
 
 /// How long a delivery slot (or plain fetcher) that just ran out of work waits before it looks
 /// again, before it registers as asleep (`Shared::idle`); and how long no take may have found
@@ -259,7 +263,7 @@ impl Default for Settings {
 }
 
 enum Mode<T> {
-    Transactional(Arc<dyn TxHandler<T>>),
+    Transactional(Arc<dyn job::Deliver<T>>),
     Plain(Arc<dyn Handler<T>>),
 }
 
@@ -537,6 +541,52 @@ pub struct Worker<T> {
     _payload: PhantomData<fn() -> T>,
 }
 
+impl<T: JobType> Worker<T> {
+    /// A transactional worker of `T`'s queue ([`JobType::QUEUE`]): `handler` (a type
+    /// implementing [`AsyncTxHandler`], or an `async fn(Job<T>, &Tx<'_>) -> HandlerResult`)
+    /// writes through each delivery's transaction ([`Tx`]), committed with the job's settlement
+    /// on [`Outcome::Ack`] and rolled back otherwise.
+    ///
+    /// ```no_run
+    /// use inbox_client::worker::{HandlerResult, Job, Outcome, Tx, Worker};
+    /// use inbox_client::{JobType, PgDatabase};
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Refund { order_id: i64, cents: i32 }
+    /// # impl JobType for Refund { const QUEUE: &'static str = "refund_jobs"; }
+    ///
+    /// async fn refund(job: Job<Refund>, tx: &Tx<'_>) -> HandlerResult {
+    ///     let Refund { order_id, cents } = job.payload;
+    ///     tx.client().await?
+    ///         .execute("INSERT INTO refunds (order_id, cents) VALUES ($1, $2)", &[&order_id, &cents])
+    ///         .await?;
+    ///     Ok(Outcome::ack())
+    /// }
+    ///
+    /// # async fn run(db: PgDatabase) {
+    /// let worker = Worker::transactional_for(db, refund).workers(8).start();
+    /// # let _ = worker;
+    /// # }
+    /// ```
+    pub fn transactional_for(db: PgDatabase, handler: impl AsyncTxHandler<T>) -> Self {
+        Self::new(
+            db,
+            T::QUEUE,
+            Mode::Transactional(Arc::new(job::Native(handler))),
+        )
+    }
+
+    /// A plain worker of `T`'s queue ([`JobType::QUEUE`]): `handler` (a type implementing
+    /// [`AsyncHandler`], or an `async fn(Job<T>) -> HandlerResult`) runs with no transaction,
+    /// as for [`plain`](Self::plain).
+    pub fn plain_for(db: PgDatabase, handler: impl AsyncHandler<T>) -> Self {
+        Self::new(
+            db,
+            T::QUEUE,
+            Mode::Plain(Arc::new(job::NativePlain(Arc::new(handler)))),
+        )
+    }
+}
+
 impl<T: DeserializeOwned + Send + 'static> Worker<T> {
     /// A worker whose handler writes through each delivery's transaction, committed with the
     /// job's settlement on [`Outcome::Ack`] and rolled back otherwise.
@@ -545,7 +595,11 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
         queue: impl Into<String>,
         handler: impl TxHandler<T>,
     ) -> Self {
-        Self::new(db, queue, Mode::Transactional(Arc::new(handler)))
+        Self::new(
+            db,
+            queue,
+            Mode::Transactional(Arc::new(job::ThroughPort(handler))),
+        )
     }
 
     /// A worker whose handler needs no transaction: jobs are leased and acked in batches.

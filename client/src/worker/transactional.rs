@@ -36,8 +36,9 @@ use tokio_postgres::Statement;
 use tracing::Instrument;
 
 use super::calls::{self, Taken};
+use super::job::Deliver;
 use super::{
-    catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, TxHandler, WorkerStats,
+    catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, Tx, WorkerStats,
     LOCK_GROUP_MAX,
 };
 use crate::error::{within, DbError, ErrorKind};
@@ -74,7 +75,7 @@ pub(super) fn slots(shared: &Shared) -> usize {
 /// commits the group; until the worker stops.
 pub(super) async fn run<T: DeserializeOwned + Send + 'static>(
     shared: Arc<Shared>,
-    handler: Arc<dyn TxHandler<T>>,
+    handler: Arc<dyn Deliver<T>>,
 ) {
     let mut connection: Option<SlotConnection> = None;
     let mut size = GroupSize::new(&shared.settings);
@@ -495,7 +496,7 @@ impl GroupSize {
 /// group in the commit's round trip (their transaction open), if any.
 async fn run_group<T: DeserializeOwned + Send + 'static>(
     shared: &Shared,
-    handler: &Arc<dyn TxHandler<T>>,
+    handler: &Arc<dyn Deliver<T>>,
     conn: &mut SlotConnection,
     jobs: Vec<Taken>,
     size: &mut GroupSize,
@@ -618,7 +619,7 @@ async fn run_group<T: DeserializeOwned + Send + 'static>(
 /// Runs one delivery's handler on the group's transaction, inside a savepoint when `saved`.
 async fn deliver<T: DeserializeOwned + Send + 'static>(
     shared: &Shared,
-    handler: &Arc<dyn TxHandler<T>>,
+    handler: &Arc<dyn Deliver<T>>,
     conn: &SlotConnection,
     job: &Taken,
     saved: bool,
@@ -647,8 +648,9 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     let port = PgTransaction::in_transaction(conn.client())
         .with_statement_mode(shared.db.statement_mode())
         .with_round_trip_bound(shared.round_trip_bound());
+    let tx = Tx::new(conn.client(), port);
     let delivery = catch_handler(
-        handler.handle(
+        handler.deliver(
             Job::new(
                 job.id,
                 job.attempt,
@@ -656,7 +658,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
                 shared.lost(job.id),
                 shared.progress.clone(),
             ),
-            &port,
+            &tx,
         ),
         job.timeout.or(shared.settings.handler_timeout),
     );
@@ -684,9 +686,14 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     // of the group that ignored a failed statement and acked. (Inside its own savepoint, the
     // abort can only be its own doing: a failure like any other.)
     if let (false, Ok(Err(error))) = (saved, &result) {
+        // The port's error, or the driver's from a handler that ran its own statements.
         let aborted = error
             .downcast_ref::<DbError>()
             .and_then(DbError::sqlstate)
+            .or_else(|| {
+                let error = error.downcast_ref::<tokio_postgres::Error>()?;
+                error.code().map(|code| code.code())
+            })
             .is_some_and(|code| code == IN_FAILED_TRANSACTION);
         if aborted {
             return Delivered::Poisoned;

@@ -31,6 +31,7 @@ mod snooze;
 mod sql_conformance;
 mod sql_input;
 mod timeouts;
+mod typed_jobs;
 mod unique;
 mod wakeups;
 mod worker;
