@@ -5,7 +5,8 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::GenericClient;
 
 use crate::error::{DbError, ErrorKind};
-use crate::statement::Value;
+use crate::rows::Rows;
+use crate::statement::{Statement, Value};
 
 type Param<'a> = &'a (dyn ToSql + Sync);
 
@@ -232,6 +233,32 @@ async fn run_typed<C: GenericClient + Sync>(
     }
     let affected = stream.rows_affected().unwrap_or(0);
     Ok(Ran { rows, affected })
+}
+
+/// Runs the prepared form of `statement` on `client` and returns the rows affected.
+pub(crate) async fn execute_prepared<C: GenericClient + Sync>(
+    client: &C,
+    prepared: &tokio_postgres::Statement,
+    statement: &Statement,
+) -> Result<u64, DbError> {
+    check_arity(prepared.params().len(), statement.params().len())?;
+    Ok(client.execute(prepared, &params(statement)).await?)
+}
+
+/// Runs the prepared form of `statement` on `client` and returns its rows.
+pub(crate) async fn query_prepared<C: GenericClient + Sync>(
+    client: &C,
+    prepared: &tokio_postgres::Statement,
+    statement: &Statement,
+) -> Result<Rows, DbError> {
+    check_arity(prepared.params().len(), statement.params().len())?;
+    let rows = client.query(prepared, &params(statement)).await?;
+    Ok(Rows::decode(prepared, &rows))
+}
+
+/// The parameters of `statement` as tokio-postgres takes them.
+fn params(statement: &Statement) -> Vec<Param<'_>> {
+    statement.params().iter().map(|v| v as Param<'_>).collect()
 }
 
 fn check_arity(expected: usize, bound: usize) -> Result<(), DbError> {

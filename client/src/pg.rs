@@ -4,12 +4,12 @@ use std::fmt;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{GenericClient, NoTls};
+
+use tokio_postgres::NoTls;
 
 use crate::database::Database;
 use crate::error::{DbError, ErrorKind};
-use crate::mode::{self, StatementMode};
+use crate::mode::{self, execute_prepared, query_prepared, StatementMode};
 use crate::rows::Rows;
 use crate::statement::Statement;
 use crate::tx::PgTransaction;
@@ -266,49 +266,6 @@ impl Database for PgDatabase {
             }
         }
     }
-}
-
-/// The parameters of `statement` as tokio-postgres takes them.
-fn params(statement: &Statement) -> Vec<&(dyn ToSql + Sync)> {
-    statement
-        .params()
-        .iter()
-        .map(|v| v as &(dyn ToSql + Sync))
-        .collect()
-}
-
-/// `Err` unless `statement` binds as many values as `prepared` has placeholders.
-fn check_arity(prepared: &tokio_postgres::Statement, statement: &Statement) -> Result<(), DbError> {
-    let (expected, bound) = (prepared.params().len(), statement.params().len());
-    if expected == bound {
-        Ok(())
-    } else {
-        Err(DbError::new(
-            ErrorKind::InvalidInput,
-            format!("the statement has {expected} placeholders but {bound} values were bound"),
-        ))
-    }
-}
-
-/// Runs the prepared form of `statement` on `client` and returns the rows affected.
-pub(crate) async fn execute_prepared<C: GenericClient + Sync>(
-    client: &C,
-    prepared: &tokio_postgres::Statement,
-    statement: &Statement,
-) -> Result<u64, DbError> {
-    check_arity(prepared, statement)?;
-    Ok(client.execute(prepared, &params(statement)).await?)
-}
-
-/// Runs the prepared form of `statement` on `client` and returns its rows.
-pub(crate) async fn query_prepared<C: GenericClient + Sync>(
-    client: &C,
-    prepared: &tokio_postgres::Statement,
-    statement: &Statement,
-) -> Result<Rows, DbError> {
-    check_arity(prepared, statement)?;
-    let rows = client.query(prepared, &params(statement)).await?;
-    Ok(Rows::decode(prepared, &rows))
 }
 
 /// The passwords a connection string may carry, as written and percent- or quote-decoded, so that
