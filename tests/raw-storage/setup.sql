@@ -10,6 +10,7 @@
 -- (reclaim.sql).
 DROP TABLE IF EXISTS skq, ready CASCADE;
 DROP SEQUENCE IF EXISTS entries;
+DROP FUNCTION IF EXISTS ring_enqueue, open_segment;
 DO $$
 BEGIN
     FOR g IN 0..7 LOOP
@@ -31,6 +32,26 @@ CREATE FUNCTION open_segment() RETURNS int LANGUAGE sql STABLE
     RETURN (extract(epoch FROM now())::bigint / 20 % 8)::int;
 
 CREATE SEQUENCE entries;
+
+-- A producer's enqueue into the ring: an entry in the segment open now, inserted into that
+-- segment's table by name (each INSERT a static statement, its plan cached), not routed through
+-- the partitioned parent.
+CREATE FUNCTION ring_enqueue() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    e bigint := nextval('entries');
+BEGIN
+    CASE open_segment()
+        WHEN 0 THEN INSERT INTO ready_0 VALUES (0, e, e, now(), '{}');
+        WHEN 1 THEN INSERT INTO ready_1 VALUES (1, e, e, now(), '{}');
+        WHEN 2 THEN INSERT INTO ready_2 VALUES (2, e, e, now(), '{}');
+        WHEN 3 THEN INSERT INTO ready_3 VALUES (3, e, e, now(), '{}');
+        WHEN 4 THEN INSERT INTO ready_4 VALUES (4, e, e, now(), '{}');
+        WHEN 5 THEN INSERT INTO ready_5 VALUES (5, e, e, now(), '{}');
+        WHEN 6 THEN INSERT INTO ready_6 VALUES (6, e, e, now(), '{}');
+        ELSE INSERT INTO ready_7 VALUES (7, e, e, now(), '{}');
+    END CASE;
+END
+$$;
 CREATE TABLE ready (seg int NOT NULL, entry bigint NOT NULL, job bigint NOT NULL,
                     due timestamptz NOT NULL, payload jsonb NOT NULL) PARTITION BY LIST (seg);
 DO $$
