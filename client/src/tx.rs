@@ -9,7 +9,6 @@ use tokio::sync::Mutex;
 use crate::database::Database;
 use crate::error::{within, DbError};
 use crate::mode::{self, execute_prepared, query_prepared, Ran, StatementMode};
-
 use crate::rows::Rows;
 use crate::sql;
 use crate::statement::Statement;
