@@ -75,9 +75,10 @@ pattern() {
   run -c "VACUUM ANALYZE" -c "CHECKPOINT"
   pgbench -n -M prepared -c 2 -j 1 -R "$rate" -T "$total" -f "$produce" "$url" >"$work/produce.log" 2>&1 &
   local producers=$!
-  # Index scans only: a statement prepared while the claims were few would keep a plan that
-  # reads all of them (a server of this design would analyze each segment as it opens one).
-  PGOPTIONS="-c enable_seqscan=off" pgbench -n -M prepared -D g=0 -D floor=0 -c 4 -j 2 \
+  # Index probes only: a statement planned while the tables were empty would keep a plan that
+  # reads every claim of a segment per lease (a scan, or a hash or merge anti-join) until
+  # autovacuum's analyze replans it; the extension's statements are shaped for index probes.
+  PGOPTIONS="-c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off" pgbench -n -M prepared -D g=0 -D floor=0 -c 4 -j 2 \
     -T "$total" -f "$drain" "$url" >"$work/drain.log" 2>&1 &
   local consumers=$!
   (sleep "$clean" && hold_horizon "$read") &
