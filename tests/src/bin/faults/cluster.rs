@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-use super::common::Result;
+use inbox_tests::TestDb;
+
+use super::common::{connect, Result};
 
 pub struct Cluster {
     dir: PathBuf,
@@ -93,6 +95,19 @@ impl Cluster {
 
     fn data(&self) -> PathBuf {
         self.dir.join("data")
+    }
+
+    /// A database `faults` in it with the extension created, and a test schema there.
+    pub async fn faults_database(&self) -> Result<TestDb> {
+        connect(&self.url("postgres"))
+            .await?
+            .batch_execute("CREATE DATABASE faults")
+            .await?;
+        connect(&self.url("faults"))
+            .await?
+            .batch_execute("CREATE EXTENSION inbox")
+            .await?;
+        Ok(TestDb::at(&self.url("faults")).await)
     }
 
     pub fn url(&self, database: &str) -> String {

@@ -357,6 +357,19 @@ pub async fn drained(client: &Client, queue: &str) -> Result<bool> {
     Ok(row.get::<_, i64>(0) == 0)
 }
 
+/// Attempt numbers delivered more than once (the `deliveries` log): a leased attempt that was not
+/// counted, as when a lease is lost to a crash before it committed.
+pub async fn repeated_attempts(client: &Client) -> Result<i64> {
+    Ok(client
+        .query_one(
+            "SELECT count(*) FROM (SELECT n, attempt FROM deliveries GROUP BY n, attempt \
+             HAVING count(*) > 1) twice",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 /// Waits until the queue is drained; `false` when `limit` passed first.
 pub async fn wait_drained(client: &Client, queue: &str, limit: Duration) -> Result<bool> {
     let deadline = Instant::now() + limit;

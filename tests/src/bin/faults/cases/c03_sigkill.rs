@@ -122,14 +122,7 @@ async fn one(
         format!("{label}: {over} deliveries beyond max_attempts {MAX_ATTEMPTS}")
     });
     if claim == "lease" {
-        let repeated: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM (SELECT n, attempt FROM deliveries GROUP BY n, attempt \
-                 HAVING count(*) > 1) twice",
-                &[],
-            )
-            .await?
-            .get(0);
+        let repeated = common::repeated_attempts(&admin).await?;
         row.check(repeated == 0, || {
             format!("{label}: {repeated} attempt numbers delivered twice (attempts not counted)")
         });

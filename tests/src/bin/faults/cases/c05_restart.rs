@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use inbox_client::worker::{transactional, Job, Outcome, RetryPolicy, Worker};
 use inbox_client::{Database, Statement};
-use inbox_tests::TestDb;
 
 use crate::cluster::Cluster;
-use crate::common::{self, connect, enqueue_range, setup, worker_db, Ctx, Result, Row};
+use crate::common::{self, enqueue_range, setup, worker_db, Ctx, Result, Row};
 
 pub const NAME: &str = "server crash and restart";
 
@@ -21,15 +20,7 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let jobs: i64 = ctx.profile.pick(3_000, 10_000);
     let restarts = ctx.profile.pick(2, 4);
     let cluster = Cluster::create(&ctx.pg_bin).await?;
-    connect(&cluster.url("postgres"))
-        .await?
-        .batch_execute("CREATE DATABASE faults")
-        .await?;
-    connect(&cluster.url("faults"))
-        .await?
-        .batch_execute("CREATE EXTENSION inbox")
-        .await?;
-    let db = TestDb::at(&cluster.url("faults")).await;
+    let db = cluster.faults_database().await?;
     let admin = db.client().await;
     setup(&admin, "jobs").await?;
     row.jobs = enqueue_range(&admin, "jobs", 1, jobs).await?;

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inbox_tests::nats::read_stream;
-use inbox_tests::{NatsServer, TestDb};
+use inbox_tests::NatsServer;
 
 use crate::cluster::Cluster;
-use crate::common::{connect, Ctx, Result, Row};
+use crate::common::{Ctx, Result, Row};
 use crate::relay_child;
 
 pub const NAME: &str = "outbox relay: kills, broker restart, server crash";
@@ -30,15 +30,7 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let messages: i64 = ctx.profile.pick(30_000, 100_000);
     let kills = 10;
     let cluster = Cluster::create(&ctx.pg_bin).await?;
-    connect(&cluster.url("postgres"))
-        .await?
-        .batch_execute("CREATE DATABASE faults")
-        .await?;
-    connect(&cluster.url("faults"))
-        .await?
-        .batch_execute("CREATE EXTENSION inbox")
-        .await?;
-    let db = TestDb::at(&cluster.url("faults")).await;
+    let db = cluster.faults_database().await?;
     db.client()
         .await
         .batch_execute(

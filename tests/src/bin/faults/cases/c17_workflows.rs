@@ -36,13 +36,12 @@ use inbox_client::{
     Batch, BatchCallbacks, Database, DbError, EnqueueOptions, ErrorKind, JobRef, PgDatabase, Queue,
     Statement,
 };
-use inbox_tests::TestDb;
 use serde_json::json;
 use tokio_postgres::Client;
 
 use crate::child::{self, DagJob, DAG_CALLBACKS, DAG_QUEUES};
 use crate::cluster::Cluster;
-use crate::common::{self, connect, worker_db, Ctx, Error, Queued, Result, Row, EFFECTS};
+use crate::common::{self, worker_db, Ctx, Error, Queued, Result, Row, EFFECTS};
 
 pub const NAME: &str = "workflows: DAGs, kills, a crash";
 
@@ -128,15 +127,7 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let crashes = ctx.profile.pick(1, 3);
     let plan = Plan::draw(jobs, 17);
     let cluster = Cluster::create(&ctx.pg_bin).await?;
-    connect(&cluster.url("postgres"))
-        .await?
-        .batch_execute("CREATE DATABASE faults")
-        .await?;
-    connect(&cluster.url("faults"))
-        .await?
-        .batch_execute("CREATE EXTENSION inbox")
-        .await?;
-    let db = TestDb::at(&cluster.url("faults")).await;
+    let db = cluster.faults_database().await?;
     let mut admin = db.client().await;
     let queues: Vec<String> = DAG_QUEUES
         .iter()

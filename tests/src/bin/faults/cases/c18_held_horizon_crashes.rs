@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use inbox_tests::TestDb;
 use tokio_postgres::Client;
 
 use crate::child;
@@ -32,15 +31,7 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let jobs: i64 = ctx.profile.pick(3_000, 12_000);
     let rounds: i64 = ctx.profile.pick(6, 15);
     let cluster = Cluster::create(&ctx.pg_bin).await?;
-    connect(&cluster.url("postgres"))
-        .await?
-        .batch_execute("CREATE DATABASE faults")
-        .await?;
-    connect(&cluster.url("faults"))
-        .await?
-        .batch_execute("CREATE EXTENSION inbox")
-        .await?;
-    let db = TestDb::at(&cluster.url("faults")).await;
+    let db = cluster.faults_database().await?;
     let mut admin = db.client().await;
     setup(&admin, "jobs").await?;
     admin.batch_execute(DELIVERIES).await?;
@@ -110,14 +101,7 @@ pub async fn run(ctx: &Ctx) -> Result<Row> {
     let started = common::started(&admin).await?;
     let tally = common::tally(&admin, "jobs", 1..=jobs, Some(&started)).await?;
     row.add("", &tally);
-    let repeated: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM (SELECT n, attempt FROM deliveries GROUP BY n, attempt \
-             HAVING count(*) > 1) twice",
-            &[],
-        )
-        .await?
-        .get(0);
+    let repeated = common::repeated_attempts(&admin).await?;
     row.check(repeated == 0, || {
         format!("{repeated} attempt numbers delivered twice (an attempt lost in a crash)")
     });
