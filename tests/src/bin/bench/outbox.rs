@@ -133,13 +133,7 @@ pub async fn outbox(ctx: &Ctx) -> Result<Vec<Row>> {
 /// relay keeps up, with nothing but the server's autovacuum to reclaim the deleted rows: sampled
 /// every tenth of the run, the first sample after a tenth.
 async fn steady_size(ctx: &Ctx, nats: &NatsServer) -> Result<Vec<Row>> {
-    let admin = ctx.connect().await?;
-    admin
-        .batch_execute(&format!(
-            "SET client_min_messages = warning; DROP TABLE IF EXISTS {OUTBOX}; \
-             SELECT inbox_create_outbox('{OUTBOX}')"
-        ))
-        .await?;
+    let admin = fresh_outbox(ctx).await?;
     let autovacuum: String = admin
         .query_one(
             "SELECT current_setting('autovacuum') || ', naptime ' || current_setting('autovacuum_naptime')",
@@ -232,13 +226,7 @@ async fn steady_size(ctx: &Ctx, nats: &NatsServer) -> Result<Vec<Row>> {
 async fn held_relay(ctx: &Ctx, nats: &NatsServer) -> Result<Vec<Row>> {
     const WINDOW: Duration = Duration::from_secs(10);
     const DEPTH: u64 = 50_000;
-    let admin = ctx.connect().await?;
-    admin
-        .batch_execute(&format!(
-            "SET client_min_messages = warning; DROP TABLE IF EXISTS {OUTBOX}; \
-             SELECT inbox_create_outbox('{OUTBOX}')"
-        ))
-        .await?;
+    let admin = fresh_outbox(ctx).await?;
     let autovacuum: String = admin.query_one("SHOW autovacuum", &[]).await?.get(0);
     let (clean, held, after) = if ctx.opts.quick {
         (2, 2, 2)
@@ -316,6 +304,19 @@ async fn held_relay(ctx: &Ctx, nats: &NatsServer) -> Result<Vec<Row>> {
     ));
     super::report::print_row(&row);
     Ok(vec![row])
+}
+
+/// A connection, after the outbox was made again empty (a fresh file: nothing left of the
+/// previous measurement).
+async fn fresh_outbox(ctx: &Ctx) -> Result<tokio_postgres::Client> {
+    let admin = ctx.connect().await?;
+    admin
+        .batch_execute(&format!(
+            "SET client_min_messages = warning; DROP TABLE IF EXISTS {OUTBOX}; \
+             SELECT inbox_create_outbox('{OUTBOX}')"
+        ))
+        .await?;
+    Ok(admin)
 }
 
 async fn fresh_stream(js: &jetstream::Context) -> Result<()> {
