@@ -686,15 +686,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
     // of the group that ignored a failed statement and acked. (Inside its own savepoint, the
     // abort can only be its own doing: a failure like any other.)
     if let (false, Ok(Err(error))) = (saved, &result) {
-        // The port's error, or the driver's from a handler that ran its own statements.
-        let aborted = error
-            .downcast_ref::<DbError>()
-            .and_then(DbError::sqlstate)
-            .or_else(|| {
-                let error = error.downcast_ref::<tokio_postgres::Error>()?;
-                error.code().map(|code| code.code())
-            })
-            .is_some_and(|code| code == IN_FAILED_TRANSACTION);
+        let aborted = sqlstate(&**error) == Some(IN_FAILED_TRANSACTION);
         if aborted {
             return Delivered::Poisoned;
         }
@@ -754,16 +746,24 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
 /// chain of sources, so that one wrapped with context is recognised too.
 fn is_conflict(error: &(dyn std::error::Error + 'static)) -> bool {
     std::iter::successors(Some(error), |error| error.source()).any(|cause| {
-        let code = match (
-            cause.downcast_ref::<DbError>(),
-            cause.downcast_ref::<tokio_postgres::Error>(),
-        ) {
-            (Some(error), _) => return error.kind() == ErrorKind::Retryable,
-            (None, Some(error)) => error.code().map(|code| code.code()),
-            (None, None) => None,
-        };
-        code.is_some_and(|code| ErrorKind::from_sqlstate(code) == ErrorKind::Retryable)
+        match cause.downcast_ref::<DbError>() {
+            Some(error) => error.kind() == ErrorKind::Retryable,
+            None => sqlstate(cause)
+                .is_some_and(|code| ErrorKind::from_sqlstate(code) == ErrorKind::Retryable),
+        }
     })
+}
+
+/// The SQLSTATE of a handler's error: the port's ([`DbError`]) or the driver's, from a handler
+/// that ran its own statements on [`Tx::client`].
+fn sqlstate<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e str> {
+    match error.downcast_ref::<DbError>() {
+        Some(error) => error.sqlstate(),
+        None => error
+            .downcast_ref::<tokio_postgres::Error>()?
+            .code()
+            .map(|code| code.code()),
+    }
 }
 
 /// Undoes a locked delivery's writes to its savepoint, keeping the transaction's row locks;
