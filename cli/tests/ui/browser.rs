@@ -313,17 +313,19 @@ async fn the_dashboard_works_in_a_real_browser_on_a_million_jobs() {
             .await
             .to_string()
     );
-    let states: Vec<String> = {
-        let mut states = Vec::new();
-        for row in browser
-            .find_all(Locator::Css("#jobs tbody tr"))
+    // Read in one script: the page's live refresh replaces the rows, so rows found by one
+    // command may be gone by the next.
+    let states: Vec<String> = serde_json::from_value(
+        browser
+            .execute(
+                "return Array.from(document.querySelectorAll('#jobs tbody tr'), \
+                 row => row.getAttribute('data-state'))",
+                vec![],
+            )
             .await
-            .unwrap()
-        {
-            states.push(row.attr("data-state").await.unwrap().unwrap());
-        }
-        states
-    };
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(states.len(), 50);
     assert!(states.iter().all(|s| s == "delayed"), "{states:?}");
     visit(
