@@ -2997,6 +2997,132 @@ $$;
 COMMENT ON FUNCTION inbox_run_schedule(pg_catalog.regclass, pg_catalog.text) IS
     'Enqueues a schedule''s job now, outside its timetable; returns its id.';
 
+-- ---- sql/shared/steps.sql ----
+
+-- Durable steps (the client's Job::step): the result of each named step of a job, recorded in a
+-- transaction of its own as soon as the step returned, so that a later delivery of the job (a
+-- retry, a lost lease, a crash) gets the result back instead of running the step again. A
+-- record lives while its job is in its queue; inbox_purge_results deletes those of jobs that are
+-- gone (acked, discarded, purged) and of queues that were dropped.
+CREATE TABLE IF NOT EXISTS inbox_steps (
+    queue pg_catalog.regclass NOT NULL,
+    job pg_catalog.int8 NOT NULL,
+    name pg_catalog.text NOT NULL,
+    result pg_catalog.jsonb NOT NULL,
+    -- The delivery that ran the step.
+    attempt pg_catalog.int4 NOT NULL,
+    recorded_at pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (queue, job, name)
+);
+COMMENT ON TABLE inbox_steps IS
+    'The recorded results of jobs'' durable steps (inbox_record_step), kept while the job is in its queue.';
+GRANT SELECT, INSERT, DELETE ON inbox_steps TO PUBLIC;
+
+-- The longest step name, in characters: a name is a label in code ("charge-card"), not data.
+CREATE OR REPLACE FUNCTION inbox__step_name_max_chars() RETURNS pg_catalog.int4
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path FROM CURRENT
+RETURN 200;
+
+-- Records `result` as step `name` of job `id`, run by delivery `attempt`, unless that step is
+-- recorded already; returns the record that stands (this one, or the one that was there first,
+-- with inserted false). Called outside the delivery's transaction, which may roll back, and
+-- fenced by nothing but the key: a delivery whose lease was lost has made its step's call all
+-- the same, and its record spares the next holder a second one. Two deliveries recording the
+-- same step at once: the second waits for the first and gets its record.
+CREATE OR REPLACE FUNCTION inbox_record_step(queue pg_catalog.regclass, id pg_catalog.int8,
+                                             attempt pg_catalog.int4, name pg_catalog.text,
+                                             result pg_catalog.jsonb)
+RETURNS TABLE(recorded pg_catalog.jsonb, recorded_attempt pg_catalog.int4,
+              recorded_at pg_catalog.timestamptz, inserted pg_catalog.bool)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM inbox__check_queue(queue);
+    PERFORM inbox__required(id, 'id');
+    PERFORM inbox__required(attempt, 'attempt');
+    PERFORM inbox__required(name, 'name');
+    PERFORM inbox__required(result, 'result');
+    IF attempt OPERATOR(pg_catalog.<) 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'attempt must be at least 1';
+    END IF;
+    IF pg_catalog.length(name) OPERATOR(pg_catalog.<) 1
+       OR pg_catalog.length(name) OPERATOR(pg_catalog.>) inbox__step_name_max_chars() THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('a step''s name must be 1 to %s characters',
+                                        inbox__step_name_max_chars());
+    END IF;
+    RETURN QUERY
+        INSERT INTO inbox_steps AS s (queue, job, name, result, attempt, recorded_at)
+        VALUES (queue, id, name, result, attempt, pg_catalog.clock_timestamp())
+        ON CONFLICT ON CONSTRAINT inbox_steps_pkey DO NOTHING
+        RETURNING s.result, s.attempt, s.recorded_at, true;
+    IF NOT FOUND THEN
+        -- A new statement, so a new snapshot: it sees the record the insert met.
+        RETURN QUERY
+            SELECT s.result, s.attempt, s.recorded_at, false
+              FROM inbox_steps s
+             WHERE s.queue OPERATOR(pg_catalog.=) inbox_record_step.queue
+               AND s.job OPERATOR(pg_catalog.=) inbox_record_step.id
+               AND s.name OPERATOR(pg_catalog.=) inbox_record_step.name;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox_record_step(pg_catalog.regclass, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.jsonb) IS
+    'Records a job''s durable step once; returns the record that stands.';
+
+-- The recorded steps of job `id`, oldest first.
+CREATE OR REPLACE FUNCTION inbox_job_steps(queue pg_catalog.regclass, id pg_catalog.int8)
+RETURNS TABLE(name pg_catalog.text, result pg_catalog.jsonb, attempt pg_catalog.int4,
+              recorded_at pg_catalog.timestamptz)
+LANGUAGE plpgsql STABLE PARALLEL SAFE SET search_path FROM CURRENT AS $$
+BEGIN
+    PERFORM inbox__check_queue(queue);
+    PERFORM inbox__required(id, 'id');
+    RETURN QUERY
+        SELECT s.name, s.result, s.attempt, s.recorded_at
+          FROM inbox_steps s
+         WHERE s.queue OPERATOR(pg_catalog.=) inbox_job_steps.queue
+           AND s.job OPERATOR(pg_catalog.=) inbox_job_steps.id
+         ORDER BY s.recorded_at, s.name;
+END
+$$;
+COMMENT ON FUNCTION inbox_job_steps(pg_catalog.regclass, pg_catalog.int8) IS
+    'A job''s recorded durable steps, oldest first.';
+
+-- Deletes up to `max` step records whose job is no longer in its queue (acked, discarded,
+-- purged) or whose queue was dropped; how many. A job's id is never reused, so a record whose
+-- job is gone is never needed again. Run by inbox_purge_results.
+CREATE OR REPLACE FUNCTION inbox__purge_steps(max pg_catalog.int4) RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
+DECLARE
+    q pg_catalog.regclass;
+    deleted pg_catalog.int8;
+    total pg_catalog.int8;
+BEGIN
+    DELETE FROM inbox_steps s
+     WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+        SELECT e.ctid FROM inbox_steps e
+         WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) e.queue)
+         LIMIT max FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS total = ROW_COUNT;
+    FOR q IN SELECT DISTINCT e.queue FROM inbox_steps e LOOP
+        EXIT WHEN total OPERATOR(pg_catalog.>=) max;
+        CONTINUE WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) q);
+        EXECUTE pg_catalog.format(
+            'DELETE FROM inbox_steps s WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY('
+            '    SELECT e.ctid FROM inbox_steps e'
+            '     WHERE e.queue OPERATOR(pg_catalog.=) $1'
+            '       AND NOT EXISTS (SELECT FROM %s j WHERE j.id OPERATOR(pg_catalog.=) e.job)'
+            '     LIMIT $2 FOR UPDATE OF e SKIP LOCKED))', q)
+          USING q, max OPERATOR(pg_catalog.-) total;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        total := total OPERATOR(pg_catalog.+) deleted;
+    END LOOP;
+    RETURN total;
+END
+$$;
+COMMENT ON FUNCTION inbox__purge_steps(pg_catalog.int4) IS
+    'Deletes up to max step records of jobs that are gone; how many.';
+
 -- ---- sql/shared/workflows.sql ----
 
 -- Workflows: results, waiting, dependencies and batches (docs/guide.md, "Workflows";
@@ -3950,8 +4076,9 @@ $$;
 COMMENT ON FUNCTION inbox_result(pg_catalog.regclass, pg_catalog.int8) IS
     'Where a job stands: its state, attempt, kept result or last error; no row when it is gone.';
 
--- Deletes up to `max` expired results, and batches finished over a day ago; how many rows it
--- deleted. Bounded, so that a worker's upkeep can call it often.
+-- Deletes up to `max` expired results, batches finished over a day ago, and durable steps' records
+-- of jobs that are gone (sql/shared/steps.sql); how many rows it deleted. Bounded, so that a
+-- worker's upkeep can call it often.
 CREATE OR REPLACE FUNCTION inbox_purge_results(max pg_catalog.int4 DEFAULT 1000) RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
@@ -3975,11 +4102,11 @@ BEGIN
                (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.interval '1 day')
          ORDER BY f.finished_at LIMIT max FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS batches = ROW_COUNT;
-    RETURN results OPERATOR(pg_catalog.+) batches;
+    RETURN results OPERATOR(pg_catalog.+) batches OPERATOR(pg_catalog.+) inbox__purge_steps(max);
 END
 $$;
 COMMENT ON FUNCTION inbox_purge_results(pg_catalog.int4) IS
-    'Deletes up to max expired results and day-old finished batches; how many.';
+    'Deletes up to max expired results, day-old finished batches and the step records of jobs that are gone; how many.';
 
 -- The most progress a delivery may record, in bytes of its JSON text: progress is a small note
 -- (a count, a percentage, a step), written again by every heartbeat that carries a change.

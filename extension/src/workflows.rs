@@ -1,7 +1,8 @@
-//! Workflows: kept results, dependencies and batches. `sql/shared/workflows.sql` has all of it
-//! (both builds) but the release of dependants: nothing runs on a queue's hot path until one of
-//! its jobs takes part, and then row triggers on the queue settle dependants, batches and results
-//! in the settling transaction.
+//! Workflows: kept results, dependencies and batches, and durable steps' records.
+//! `sql/shared/workflows.sql` and `sql/shared/steps.sql` have all of it (both builds) but the
+//! release of dependants: nothing runs on a queue's hot path until one of its jobs takes part,
+//! and then row triggers on the queue settle dependants, batches and results in the settling
+//! transaction.
 
 use pgrx::prelude::*;
 
@@ -15,6 +16,20 @@ extension_sql_file!(
     "../../sql/shared/workflows.sql",
     name = "workflows",
     requires = ["controls", "limits", "controls_changed"]
+);
+
+// Durable steps' records (both builds), purged with the results.
+extension_sql_file!(
+    "../../sql/shared/steps.sql",
+    name = "steps",
+    requires = ["workflows"]
+);
+
+// What only an extension has: `pg_dump` dumps the records, which later deliveries rely on.
+extension_sql!(
+    "SELECT pg_catalog.pg_extension_config_dump('inbox_steps', '');",
+    name = "steps_dump",
+    requires = ["steps"]
 );
 
 /// Makes the dependants `ids` of `queue`, whose last parent succeeded, due: each at its

@@ -949,8 +949,9 @@ $$;
 COMMENT ON FUNCTION inbox_result(pg_catalog.regclass, pg_catalog.int8) IS
     'Where a job stands: its state, attempt, kept result or last error; no row when it is gone.';
 
--- Deletes up to `max` expired results, and batches finished over a day ago; how many rows it
--- deleted. Bounded, so that a worker's upkeep can call it often.
+-- Deletes up to `max` expired results, batches finished over a day ago, and durable steps' records
+-- of jobs that are gone (sql/shared/steps.sql); how many rows it deleted. Bounded, so that a
+-- worker's upkeep can call it often.
 CREATE OR REPLACE FUNCTION inbox_purge_results(max pg_catalog.int4 DEFAULT 1000) RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -974,11 +975,11 @@ BEGIN
                (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.interval '1 day')
          ORDER BY f.finished_at LIMIT max FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS batches = ROW_COUNT;
-    RETURN results OPERATOR(pg_catalog.+) batches;
+    RETURN results OPERATOR(pg_catalog.+) batches OPERATOR(pg_catalog.+) @extschema@.inbox__purge_steps(max);
 END
 $$;
 COMMENT ON FUNCTION inbox_purge_results(pg_catalog.int4) IS
-    'Deletes up to max expired results and day-old finished batches; how many.';
+    'Deletes up to max expired results, day-old finished batches and the step records of jobs that are gone; how many.';
 
 -- The most progress a delivery may record, in bytes of its JSON text: progress is a small note
 -- (a count, a percentage, a step), written again by every heartbeat that carries a change.

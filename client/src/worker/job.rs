@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::database::Database;
 
+use super::step::{StepError, Steps};
 use super::tx::Tx;
 
 /// Progress recorded by running handlers, by job, until the heartbeat sends it.
@@ -27,6 +28,7 @@ pub struct Job<T> {
     pub payload: T,
     lost: CancellationToken,
     progress: ProgressNotes,
+    steps: Steps,
 }
 
 impl<T> Job<T> {
@@ -36,6 +38,7 @@ impl<T> Job<T> {
         payload: T,
         lost: CancellationToken,
         progress: ProgressNotes,
+        steps: Steps,
     ) -> Self {
         Job {
             id,
@@ -43,7 +46,74 @@ impl<T> Job<T> {
             payload,
             lost,
             progress,
+            steps,
         }
+    }
+
+    /// Runs `step` once per job: its result is recorded in the database as soon as it returns,
+    /// in a transaction of its own (not the delivery's, which may roll back), and a later
+    /// delivery of the job (a retry, a lost lease, a crash) gets the recorded result instead of
+    /// running `step` again. The way to call a service outside the database once per job, such
+    /// as charging a card, when a later part of the handler may fail.
+    ///
+    /// A step is keyed by its queue, job and `name`; a name used twice in one delivery is an
+    /// error ([`StepError::NameReused`]). If `step` fails or panics nothing is recorded, and the
+    /// next delivery runs it again. The result goes through JSON (`serde_json`), so the type the
+    /// next delivery asks for must read what this one wrote.
+    ///
+    /// What is guaranteed: a recorded step is not run again. What is not: a crash, or a lost
+    /// connection, between the outside call and its record runs the call again on the next
+    /// delivery. Pass [`step_key`](Job::step_key) to the outside service as its idempotency key,
+    /// so that it can tell the repeat.
+    ///
+    /// Records are kept while the job is in its queue and deleted by the worker's upkeep
+    /// (`inbox_purge_results`, every 10 s) once it is gone; `inbox_job_steps(queue, id)` lists
+    /// them. Each record takes a connection of the worker's pool for one statement: the pool's
+    /// connection beyond the worker's slots, shared with the heartbeat.
+    ///
+    /// ```no_run
+    /// use inbox_client::worker::{HandlerResult, Job, Outcome, Tx};
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Refund { order_id: i64, cents: i64 }
+    /// # async fn refund_card(order: i64, cents: i64, key: &str) -> Result<String, std::io::Error> { Ok(String::new()) }
+    /// # async fn send_receipt(order: i64, key: &str) -> Result<(), std::io::Error> { Ok(()) }
+    ///
+    /// async fn refund(job: Job<Refund>, tx: &Tx<'_>) -> HandlerResult {
+    ///     let Refund { order_id, cents } = job.payload;
+    ///     // Once per job, even when the receipt below fails and the job is retried.
+    ///     let key = job.step_key("refund-card");
+    ///     let refund_id: String = job
+    ///         .step("refund-card", || refund_card(order_id, cents, &key))
+    ///         .await?;
+    ///     let key = job.step_key("receipt");
+    ///     job.step("receipt", || send_receipt(order_id, &key)).await?;
+    ///     tx.client()
+    ///         .await?
+    ///         .execute("UPDATE orders SET refund = $2 WHERE id = $1", &[&order_id, &refund_id])
+    ///         .await?;
+    ///     Ok(Outcome::ack())
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StepError`]: the step failed, its name was used before in this delivery, its result
+    /// does not convert to or from JSON, or the database failed.
+    pub async fn step<R, F, Fut, E>(&self, name: &str, step: F) -> Result<R, StepError>
+    where
+        R: serde::Serialize + serde::de::DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        E: Into<Box<dyn StdError + Send + Sync>>,
+    {
+        self.steps.run(name, step).await
+    }
+
+    /// The idempotency key of step `name` of this job: the same in every delivery of the job
+    /// and different for every other job and step (`inbox:<queue>:<job id>:<name>`). Pass it to
+    /// the service a [`step`](Job::step) calls, so that a call repeated after a crash between
+    /// the call and its record is recognised there.
+    pub fn step_key(&self, name: &str) -> String {
+        self.steps.key(name)
     }
 
     /// Records how far the handler got (a small JSON value, at most 8 KiB as text): the

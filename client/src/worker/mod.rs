@@ -75,6 +75,7 @@ mod job;
 mod listen;
 mod plain;
 mod policy;
+mod step;
 mod transactional;
 mod tx;
 
@@ -99,6 +100,7 @@ pub use job::{
     HandlerResult, Job, Outcome, TxHandler,
 };
 pub use policy::RetryPolicy;
+pub use step::StepError;
 pub use tx::Tx;
 
 /// How long a delivery slot (or plain fetcher) that just ran out of work waits before it looks
@@ -291,6 +293,8 @@ struct Shared {
     /// Progress that running handlers recorded (`Job::set_progress`), by job, until the heartbeat
     /// sends it.
     progress: job::ProgressNotes,
+    /// Where its handlers' durable steps are recorded (`Job::step`).
+    steps: Arc<step::StepStore>,
     /// When a take last found work, in nanoseconds since `began`: the LISTEN session registers
     /// as asleep only once no take has found any for a doze (`listen.rs`).
     last_found: AtomicU64,
@@ -763,6 +767,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             "a worker with Claim::Lock runs at READ COMMITTED only; use Claim::Lease for {:?}",
             self.settings.isolation
         );
+        let steps = step::StepStore::new(self.db.clone(), self.queue.clone());
         let shared = Arc::new(Shared {
             db: self.db,
             queue: self.queue,
@@ -774,6 +779,7 @@ impl<T: DeserializeOwned + Send + 'static> Worker<T> {
             stop: CancellationToken::new(),
             in_flight: Mutex::new(HashMap::new()),
             progress: job::ProgressNotes::default(),
+            steps,
             lock_failures: Mutex::new(HashMap::new()),
             last_found: AtomicU64::new(0),
             began: std::time::Instant::now(),

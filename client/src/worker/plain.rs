@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::calls::{self, Taken};
+use super::step;
 use super::{run_handler, Handler, Job, Outcome, Shared, WorkerStats};
 use crate::error::{DbError, ErrorKind};
 use crate::sql;
@@ -299,6 +300,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
                     payload,
                     shared.lost(job.id),
                     shared.progress.clone(),
+                    step::Steps::new(&shared.steps, job.id, job.attempt),
                 )),
                 job.timeout.or(shared.settings.handler_timeout),
             )

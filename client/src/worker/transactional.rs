@@ -37,6 +37,7 @@ use tracing::Instrument;
 
 use super::calls::{self, Taken};
 use super::job::Deliver;
+use super::step;
 use super::{
     catch_handler, outcome_of, Claim, Job, LockFailure, Outcome, Shared, Tx, WorkerStats,
     LOCK_GROUP_MAX,
@@ -657,6 +658,7 @@ async fn deliver<T: DeserializeOwned + Send + 'static>(
                 payload,
                 shared.lost(job.id),
                 shared.progress.clone(),
+                step::Steps::new(&shared.steps, job.id, job.attempt),
             ),
             &tx,
         ),

@@ -30,6 +30,7 @@ mod schedules;
 mod snooze;
 mod sql_conformance;
 mod sql_input;
+mod steps;
 mod timeouts;
 mod typed_jobs;
 mod unique;
