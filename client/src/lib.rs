@@ -17,7 +17,9 @@
 //! - [`worker`]: workers that lease jobs, run a handler and settle each job; in transactional
 //!   mode the handler's writes commit together with the job's settlement, so effects that are
 //!   rows in the queue's database happen exactly once. Effects outside it (HTTP calls, e-mail,
-//!   other brokers) are at least once and need an idempotency key.
+//!   other brokers) are at least once and need an idempotency key; a handler's
+//!   [`Job::step`](worker::Job::step) records such a call's result once per job, so that a
+//!   retry does not make it again.
 //!
 //! The client holds no SQL of the extension's tables: it calls the extension's functions only.
 //!

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! faults [--full] [--cases 1,5,13] [--markdown PATH]
-//! faults child --url URL --schema S ...     (the worker process of cases 3, 8, 16, 17)
+//! faults child --url URL --schema S ...     (the worker process of cases 3, 8, 16, 17, 19)
 //! faults relay --url URL --schema S --nats URL   (case 15's relay process)
 //! ```
 //!
@@ -49,6 +49,8 @@ mod c16;
 mod c17;
 #[path = "faults/cases/c18_held_horizon_crashes.rs"]
 mod c18;
+#[path = "faults/cases/c19_steps_sigkill.rs"]
+mod c19;
 #[path = "faults/child.rs"]
 mod child;
 #[path = "faults/cluster.rs"]
@@ -115,6 +117,7 @@ fn cases() -> Vec<Case> {
         case!(16, c16, false, 300),
         case!(17, c17, true, 900),
         case!(18, c18, true, 600),
+        case!(19, c19, false, 600),
     ]
 }
 

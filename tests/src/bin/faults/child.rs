@@ -1,4 +1,4 @@
-//! The child worker process of cases 3, 16 and 17 (killed with SIGKILL) and 8 (started under a
+//! The child worker process of cases 3, 16, 17 and 19 (killed with SIGKILL) and 8 (started under a
 //! skewed clock): a transactional worker whose handler logs each delivery outside its
 //! transaction, writes the effect through it, and acks. It runs until killed or until its stdin
 //! closes.
@@ -9,6 +9,7 @@
 //!              [--ends on|off]
 //! faults child --mode dag --url URL --schema S --label L [--claim lease|lock] [--lease-ms N]
 //!              [--work-ms N] [--fail-pct N]
+//! faults child --mode steps --url URL --schema S --label L [--group N] [--work-ms N]
 //! ```
 //! A job whose payload is at least 1,000,000 sleeps `--slow-ms` on its first delivery. With
 //! `--ends on` the handler also sets its effect's `ended` (a column the case adds) to the
@@ -17,12 +18,17 @@
 //! With `--mode dag` (case 17) it runs one slot on each of the queues of a random DAG
 //! (`DAG_QUEUES`, payloads [`DagJob`]) and one on its batches' callback queue
 //! (`DAG_CALLBACKS`), retrying forever: see [`dag`].
+//!
+//! With `--mode steps` (case 19) its handler makes one durable step per job before its effect:
+//! see [`StepsHandler`].
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use inbox_client::worker::{transactional, Claim, Job, Outcome, RetryPolicy, Worker};
-use inbox_client::{format_rfc3339, Database, PgDatabase, Statement};
+use inbox_client::worker::{
+    transactional, AsyncTxHandler, Claim, HandlerResult, Job, Outcome, RetryPolicy, Tx, Worker,
+};
+use inbox_client::{format_rfc3339, Database, DbError, JobType, PgDatabase, Statement};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
@@ -84,6 +90,31 @@ async fn run(args: &[String]) -> Result<()> {
         return dag(config, settings).await;
     }
     let db = PgDatabase::from_pool_and_config(pool_of(config.clone(), workers + 3), config);
+    if get("mode").as_deref() == Some("steps") {
+        let handler = StepsHandler {
+            log: db.clone(),
+            label,
+            work_ms,
+        };
+        // The upkeep would purge the records of acked jobs, which the case reads at the end.
+        let worker = Worker::transactional_for(db, handler)
+            .workers(workers)
+            .group_size(group)
+            .lease(Duration::from_millis(number("lease-ms", 1000)?))
+            .poll_interval(Duration::from_millis(50))
+            .vacuum(false)
+            .retry(RetryPolicy {
+                base: Duration::from_millis(5),
+                cap: Duration::from_millis(50),
+                max_attempts: None,
+                jitter: 0.0,
+            })
+            .start();
+        println!("ready");
+        stdin_closed().await;
+        worker.shutdown(Duration::from_secs(5)).await;
+        return Ok(());
+    }
     let log = db.clone();
     let handler = transactional(move |job: Job<i64>, tx: &dyn Database| {
         let log = log.clone();
@@ -147,6 +178,74 @@ async fn run(args: &[String]) -> Result<()> {
     stdin_closed().await;
     worker.shutdown(Duration::from_secs(5)).await;
     Ok(())
+}
+
+/// Case 19's handler, on the queue `jobs` (payloads: numbers): it logs its delivery (in
+/// `deliveries`, outside its transaction), then runs the step `call`, whose closure stands for a
+/// call outside the database: it logs the call at once (in `calls`, committed on its own), works
+/// 0 to `work_ms / 2` ms, and returns `n * 10`, which the step records. Then the handler works 0
+/// to `work_ms` ms (a kill there finds the step recorded and the effect not committed) and writes
+/// its effect through the delivery's transaction.
+struct StepsHandler {
+    log: PgDatabase,
+    label: String,
+    work_ms: u64,
+}
+
+/// Case 19's job: a number, on the queue `jobs`.
+#[derive(Serialize, Deserialize)]
+#[serde(transparent)]
+struct Numbered(i64);
+
+impl JobType for Numbered {
+    const QUEUE: &'static str = "jobs";
+}
+
+impl AsyncTxHandler<Numbered> for StepsHandler {
+    async fn handle(&self, job: Job<Numbered>, tx: &Tx<'_>) -> HandlerResult {
+        let (n, attempt, worker) = (job.payload.0, job.attempt, self.label.as_str());
+        self.log
+            .execute(
+                &Statement::new("INSERT INTO deliveries (n, attempt, worker) VALUES ($1, $2, $3)")
+                    .bind(n)
+                    .bind(attempt)
+                    .bind(worker),
+            )
+            .await?;
+        let called: i64 = job
+            .step("call", || async {
+                self.log
+                    .execute(
+                        &Statement::new(
+                            "INSERT INTO calls (n, job, attempt, worker) VALUES ($1, $2, $3, $4)",
+                        )
+                        .bind(n)
+                        .bind(job.id)
+                        .bind(attempt)
+                        .bind(worker),
+                    )
+                    .await?;
+                pause(self.work_ms / 2).await;
+                Ok::<_, DbError>(n * 10)
+            })
+            .await?;
+        if called != n * 10 {
+            return Err(format!("job {n}: the step gave {called}, not {}", n * 10).into());
+        }
+        pause(self.work_ms).await;
+        tx.execute(
+            &Statement::new("INSERT INTO effects (n, attempt, worker) VALUES ($1, $2, $3)")
+                .bind(n)
+                .bind(attempt)
+                .bind(worker),
+        )
+        .await?;
+        Ok(Outcome::ack())
+    }
+}
+
+async fn pause(most_ms: u64) {
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=most_ms))).await;
 }
 
 /// Returns when the parent closes stdin (it went away); the child runs until then, or until it
