@@ -41,6 +41,8 @@ mod report;
 mod sessions;
 #[path = "bench/setup.rs"]
 mod setup;
+#[path = "bench/steps.rs"]
+mod steps;
 #[path = "bench/upkeep.rs"]
 mod upkeep;
 #[path = "bench/workflows.rs"]
@@ -156,6 +158,7 @@ async fn run(args: &[String]) -> Result<()> {
             16 => workflows::workflows(&ctx).await?,
             17 => citus::citus(&ctx).await?,
             18 => dashboard::dashboard(&ctx).await?,
+            19 => steps::steps(&ctx).await?,
             other => return Err(format!("there is no figure {other}").into()),
         });
         timings.push(format!("{figure}: {:.0} s", at.elapsed().as_secs_f64()));

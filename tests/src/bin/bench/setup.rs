@@ -68,7 +68,7 @@ pub struct Opts {
     pub rounds: usize,
     /// Concurrent connections of figures 1 to 5.
     pub connections: Vec<usize>,
-    /// Figures to run (1 to 14).
+    /// Figures to run (1 to 19).
     pub figures: Vec<u8>,
     /// Latency samples per side and connection count (figure 5).
     pub latency_samples: usize,
@@ -103,7 +103,7 @@ impl Opts {
             rounds: 3,
             connections: vec![1, 4, 16],
             // Figure 17 needs a Citus cluster: scripts/citus.sh bench runs it.
-            figures: (1..=16).chain([18]).collect(),
+            figures: (1..=16).chain([18, 19]).collect(),
             latency_samples: 1000,
             churn: (100_000, 1_000_000),
             child_seconds: 8,
