@@ -18,11 +18,14 @@ extension_sql_file!(
     requires = ["controls", "limits", "controls_changed"]
 );
 
-// Durable steps' records (both builds), purged with the results.
+// Durable steps' records (both builds), purged with the results. After the last of the chain
+// that orders the shared files (workflows, citus, shape, browse, schedule_runs, dead_letters,
+// observe, purge): with only "workflows" required, builds placed it at different points of the
+// schema, and the upgrade script changed from build to build.
 extension_sql_file!(
     "../../sql/shared/steps.sql",
     name = "steps",
-    requires = ["workflows"]
+    requires = ["purge"]
 );
 
 // What only an extension has: `pg_dump` dumps the records, which later deliveries rely on.
