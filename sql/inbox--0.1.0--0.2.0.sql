@@ -3884,7 +3884,7 @@ CREATE TABLE IF NOT EXISTS inbox_steps (
 );
 COMMENT ON TABLE inbox_steps IS
     'The recorded results of jobs'' durable steps (inbox_record_step), kept while the job is in its queue.';
-GRANT SELECT, INSERT, DELETE ON inbox_steps TO PUBLIC;
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_steps TO PUBLIC;
 
 CREATE OR REPLACE FUNCTION inbox__step_name_max_chars() RETURNS pg_catalog.int4
 LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp
@@ -3952,6 +3952,7 @@ CREATE OR REPLACE FUNCTION inbox__purge_steps(max pg_catalog.int4) RETURNS pg_ca
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     q pg_catalog.regclass;
+    tab pg_catalog.text;
     deleted pg_catalog.int8;
     total pg_catalog.int8;
 BEGIN
@@ -3963,16 +3964,25 @@ BEGIN
     GET DIAGNOSTICS total = ROW_COUNT;
     FOR q IN SELECT DISTINCT e.queue FROM @extschema@.inbox_steps e LOOP
         EXIT WHEN total OPERATOR(pg_catalog.>=) max;
-        CONTINUE WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) q);
-        EXECUTE pg_catalog.format(
-            'DELETE FROM @extschema@.inbox_steps s WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY('
-            '    SELECT e.ctid FROM @extschema@.inbox_steps e'
-            '     WHERE e.queue OPERATOR(pg_catalog.=) $1'
-            '       AND NOT EXISTS (SELECT FROM %s j WHERE j.id OPERATOR(pg_catalog.=) e.job)'
-            '     LIMIT $2 FOR UPDATE OF e SKIP LOCKED))', q)
-          USING q, max OPERATOR(pg_catalog.-) total;
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        total := total OPERATOR(pg_catalog.+) deleted;
+        -- The name, not the regclass: a queue dropped from here on is then an undefined table.
+        tab := (SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+                  FROM pg_catalog.pg_class c
+                  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                 WHERE c.oid OPERATOR(pg_catalog.=) q);
+        CONTINUE WHEN tab IS NULL;
+        BEGIN
+            EXECUTE pg_catalog.format(
+                'DELETE FROM @extschema@.inbox_steps s WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY('
+                '    SELECT e.ctid FROM @extschema@.inbox_steps e'
+                '     WHERE e.queue OPERATOR(pg_catalog.=) $1'
+                '       AND NOT EXISTS (SELECT FROM %s j WHERE j.id OPERATOR(pg_catalog.=) e.job)'
+                '     LIMIT $2 FOR UPDATE OF e SKIP LOCKED))', tab)
+              USING q, max OPERATOR(pg_catalog.-) total;
+            GET DIAGNOSTICS deleted = ROW_COUNT;
+            total := total OPERATOR(pg_catalog.+) deleted;
+        EXCEPTION WHEN undefined_table OR insufficient_privilege THEN
+            NULL;
+        END;
     END LOOP;
     RETURN total;
 END

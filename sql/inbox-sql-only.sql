@@ -3016,7 +3016,8 @@ CREATE TABLE IF NOT EXISTS inbox_steps (
 );
 COMMENT ON TABLE inbox_steps IS
     'The recorded results of jobs'' durable steps (inbox_record_step), kept while the job is in its queue.';
-GRANT SELECT, INSERT, DELETE ON inbox_steps TO PUBLIC;
+-- UPDATE for the purge's FOR UPDATE, which any role may run (inbox_purge_results).
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_steps TO PUBLIC;
 
 -- The longest step name, in characters: a name is a label in code ("charge-card"), not data.
 CREATE OR REPLACE FUNCTION inbox__step_name_max_chars() RETURNS pg_catalog.int4
@@ -3090,11 +3091,13 @@ COMMENT ON FUNCTION inbox_job_steps(pg_catalog.regclass, pg_catalog.int8) IS
 
 -- Deletes up to `max` step records whose job is no longer in its queue (acked, discarded,
 -- purged) or whose queue was dropped; how many. A job's id is never reused, so a record whose
--- job is gone is never needed again. Run by inbox_purge_results.
+-- job is gone is never needed again. Run by inbox_purge_results, which any role may call: a
+-- queue dropped meanwhile, or one the caller may not read, is left for another purge.
 CREATE OR REPLACE FUNCTION inbox__purge_steps(max pg_catalog.int4) RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SET search_path FROM CURRENT AS $$
 DECLARE
     q pg_catalog.regclass;
+    tab pg_catalog.text;
     deleted pg_catalog.int8;
     total pg_catalog.int8;
 BEGIN
@@ -3106,16 +3109,25 @@ BEGIN
     GET DIAGNOSTICS total = ROW_COUNT;
     FOR q IN SELECT DISTINCT e.queue FROM inbox_steps e LOOP
         EXIT WHEN total OPERATOR(pg_catalog.>=) max;
-        CONTINUE WHEN NOT EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) q);
-        EXECUTE pg_catalog.format(
-            'DELETE FROM inbox_steps s WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY('
-            '    SELECT e.ctid FROM inbox_steps e'
-            '     WHERE e.queue OPERATOR(pg_catalog.=) $1'
-            '       AND NOT EXISTS (SELECT FROM %s j WHERE j.id OPERATOR(pg_catalog.=) e.job)'
-            '     LIMIT $2 FOR UPDATE OF e SKIP LOCKED))', q)
-          USING q, max OPERATOR(pg_catalog.-) total;
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        total := total OPERATOR(pg_catalog.+) deleted;
+        -- The name, not the regclass: a queue dropped from here on is then an undefined table.
+        tab := (SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+                  FROM pg_catalog.pg_class c
+                  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                 WHERE c.oid OPERATOR(pg_catalog.=) q);
+        CONTINUE WHEN tab IS NULL;
+        BEGIN
+            EXECUTE pg_catalog.format(
+                'DELETE FROM inbox_steps s WHERE s.ctid OPERATOR(pg_catalog.=) ANY (ARRAY('
+                '    SELECT e.ctid FROM inbox_steps e'
+                '     WHERE e.queue OPERATOR(pg_catalog.=) $1'
+                '       AND NOT EXISTS (SELECT FROM %s j WHERE j.id OPERATOR(pg_catalog.=) e.job)'
+                '     LIMIT $2 FOR UPDATE OF e SKIP LOCKED))', tab)
+              USING q, max OPERATOR(pg_catalog.-) total;
+            GET DIAGNOSTICS deleted = ROW_COUNT;
+            total := total OPERATOR(pg_catalog.+) deleted;
+        EXCEPTION WHEN undefined_table OR insufficient_privilege THEN
+            NULL;
+        END;
     END LOOP;
     RETURN total;
 END

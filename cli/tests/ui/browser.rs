@@ -150,23 +150,27 @@ fn screenshots() -> PathBuf {
 }
 
 async fn attribute(browser: &Client, css: &str, name: &str) -> String {
-    browser
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .attr(name)
-        .await
-        .unwrap()
-        .unwrap_or_else(|| panic!("{css} has no {name}"))
+    with_element(
+        browser,
+        css,
+        |element| async move { element.attr(name).await },
+    )
+    .await
+    .unwrap_or_else(|| panic!("{css} has no {name}"))
 }
 
-/// Finds `css` and does `act` with it, as a person clicking or choosing would. The page replaces
-/// its content every 5 seconds, so an element found may be gone by the time it is used: then it
-/// is found again and `act` starts over, up to five times.
-async fn with_element<F, Fut>(browser: &Client, css: &str, act: F)
+/// The text of `css`.
+async fn text(browser: &Client, css: &str) -> String {
+    with_element(browser, css, |element| async move { element.text().await }).await
+}
+
+/// Finds `css` and does `act` with it (reads it, or clicks or chooses as a person would). The
+/// page replaces its content every 5 seconds, so an element found may be gone by the time it is
+/// used: then it is found again and `act` starts over, up to five times.
+async fn with_element<T, F, Fut>(browser: &Client, css: &str, act: F) -> T
 where
     F: Fn(Element) -> Fut,
-    Fut: std::future::Future<Output = Result<(), CmdError>>,
+    Fut: std::future::Future<Output = Result<T, CmdError>>,
 {
     for _ in 0..5 {
         let element = browser
@@ -270,16 +274,10 @@ async fn the_dashboard_works_in_a_real_browser_on_a_million_jobs() {
         .parse()
         .unwrap();
     assert!((BIG / 2..=BIG * 2).contains(&estimate), "{estimate}");
-    let text = browser
-        .find(Locator::Id("count"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let count = text(&browser, "#count").await;
     assert!(
-        text.contains("about") && text.contains("estimated"),
-        "{text}"
+        count.contains("about") && count.contains("estimated"),
+        "{count}"
     );
 
     // A filter: the URL holds it, the rows are in it, and a small count is exact.
@@ -338,13 +336,7 @@ async fn the_dashboard_works_in_a_real_browser_on_a_million_jobs() {
     // A dead job in full.
     let dead = one_i64(&client, "SELECT max(id) FROM big WHERE dead_at IS NOT NULL").await;
     visit(&browser, &format!("{queue_page}/jobs/{dead}"), "job").await;
-    let job = browser
-        .find(Locator::Id("job"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let job = text(&browser, "#job").await;
     assert!(
         job.contains("\"order\"") && job.contains("card declined"),
         "{job}"
