@@ -19,10 +19,10 @@ use crate::statement::Statement;
 /// `inbox_job_steps(queue, id)`: the job's recorded steps.
 const JOB_STEPS: &str = "SELECT name, result FROM inbox_job_steps($1::text::regclass, $2::int8)";
 
-/// `inbox_record_step(queue, id, attempt, name, result)`: records a step once, returns the record
-/// that stands.
-const RECORD_STEP: &str = "SELECT recorded FROM inbox_record_step($1::text::regclass, $2::int8, \
-                           $3::int4, $4::text, $5::jsonb)";
+/// `inbox_record_step(queue, id, attempt, name, result)`: records a step once; the record that
+/// stands, and whether it is this one.
+const RECORD_STEP: &str = "SELECT recorded, inserted FROM inbox_record_step($1::text::regclass, \
+                           $2::int8, $3::int4, $4::text, $5::jsonb)";
 
 /// How many times a step's record is tried when the connection fails: a step whose record is lost
 /// runs again on the next delivery, so a short outage is worth waiting out.
@@ -158,10 +158,13 @@ impl Steps {
                 name: name.to_owned(),
                 source,
             })?;
-        // Another delivery of the job (one that held it before a lost lease) may have recorded
-        // the step first: its record is the one every later delivery gets, so this one returns it
-        // too.
-        decode(name, standing)
+        match standing {
+            None => Ok(result),
+            // Another delivery of the job (one that held it before a lost lease) recorded the
+            // step first: its record is the one every later delivery gets, so this one returns
+            // it too.
+            Some(earlier) => decode(name, earlier),
+        }
     }
 
     async fn recorded(&self) -> Result<HashMap<String, serde_json::Value>, DbError> {
@@ -179,11 +182,12 @@ impl Steps {
             .collect()
     }
 
+    /// Records `value`; `None` when it is the record that stands, or the earlier one.
     async fn record(
         &self,
         name: &str,
         value: serde_json::Value,
-    ) -> Result<serde_json::Value, DbError> {
+    ) -> Result<Option<serde_json::Value>, DbError> {
         let statement = Statement::new(RECORD_STEP)
             .bind(self.store.queue.as_str())
             .bind(self.id)
@@ -194,7 +198,14 @@ impl Steps {
         loop {
             tries += 1;
             match self.store.db.query(&statement).await {
-                Ok(rows) => return rows.one()?.get("recorded"),
+                Ok(rows) => {
+                    let row = rows.one()?;
+                    return if row.get::<bool>("inserted")? {
+                        Ok(None)
+                    } else {
+                        row.get("recorded").map(Some)
+                    };
+                }
                 Err(error) if error.kind() == ErrorKind::ConnectionLost && tries < RECORD_TRIES => {
                     tracing::warn!(%error, step = name, "recording a step failed; trying again");
                     tokio::time::sleep(Duration::from_millis(200 * u64::from(tries))).await;
